@@ -1,0 +1,67 @@
+"""Engine configuration: one dataclass, every knob the seed's claims are measured with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TIERS = ("premium", "standard", "basic")
+# OpenAI's service_tier values map onto ours.
+TIER_ALIASES = {"priority": "premium", "default": "standard", "auto": "standard", "flex": "basic"}
+
+
+@dataclass
+class EngineConfig:
+    model: str = "tiny"  # a preset name or a local Hugging Face checkpoint folder
+    device: str | None = None  # None: cuda when available, else cpu
+    dtype: str | None = None  # None: float32 on cpu, bfloat16 on cuda
+    seed: int = 0
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+    # Paged KV cache
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_tokens
+    kv_cache_tokens: int = 65536  # KV capacity in tokens when num_kv_blocks is None
+    num_host_blocks: int | None = None  # host (swap) pool; None: same as the device pool
+    enable_prefix_caching: bool = True
+    kv_allocation: str = "paged"  # "paged" | "contiguous" (baseline: reserve prompt + max_tokens)
+
+    # Scheduler
+    batching: str = "continuous"  # "continuous" | "static" (baseline: a batch starts and ends together)
+    max_num_seqs: int = 64  # batch slots
+    max_num_batched_tokens: int = 512  # per-step token budget
+    enable_chunked_prefill: bool = True
+    prefill_chunk_size: int = 256  # largest prefill chunk one request gets in a step
+    rebatch_interval: int = 4  # steps between admissions (also on every finish)
+    premium_reserved_kv_frac: float = 0.0  # share of KV blocks only premium may use
+    premium_reserved_slots: int = 0  # batch slots only premium may use
+    max_waiting_per_tier: dict[str, int] = field(
+        default_factory=lambda: {"premium": 256, "standard": 512, "basic": 1024}
+    )
+    kv_watermark: float = 0.9  # KV usage at which admissions stop and swapping starts
+
+    # Kernels
+    use_triton: bool | None = None  # None: on CUDA when triton imports
+
+    def __post_init__(self) -> None:
+        if self.kv_allocation not in ("paged", "contiguous"):
+            raise ValueError(f"kv_allocation must be 'paged' or 'contiguous', got {self.kv_allocation!r}")
+        if self.batching not in ("continuous", "static"):
+            raise ValueError(f"batching must be 'continuous' or 'static', got {self.batching!r}")
+        if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.rebatch_interval < 1:
+            raise ValueError("rebatch_interval must be at least 1")
+        if not 0.0 < self.kv_watermark <= 1.0:
+            raise ValueError("kv_watermark must be in (0, 1]")
+        if not 0.0 <= self.premium_reserved_kv_frac < 1.0:
+            raise ValueError("premium_reserved_kv_frac must be in [0, 1)")
+
+
+def normalize_tier(tier: str | None) -> str:
+    """Map a request's service_tier (ours or OpenAI's) to one of TIERS; raise ValueError otherwise."""
+    if tier is None:
+        return "standard"
+    tier = TIER_ALIASES.get(tier, tier)
+    if tier not in TIERS:
+        raise ValueError(f"service_tier must be one of {', '.join(TIERS)} (or priority/default/flex)")
+    return tier
