@@ -1,0 +1,93 @@
+"""The per-request record of DESIGN.md, appended to ``requests.jsonl`` as each request ends."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("ok", "http_error", "rejected", "timeout", "conn_error", "stream_error", "cancelled")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    id: str
+    stage: int
+    tier: str | None
+    scheduled_s: float  # intended send time; every latency is measured from here
+    sent_s: float | None = None
+    first_token_s: float | None = None
+    token_s: list[float] = field(default_factory=list)  # arrival time of each content chunk
+    done_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    status: str = "ok"
+    http_status: int | None = None
+    error: str | None = None
+    server: dict[str, float] | None = None  # {queue_ms, prefill_ms, decode_ms} from the target's timing
+
+    def to_json(self) -> str:
+        r6 = _r6
+        return json.dumps(
+            {
+                "id": self.id,
+                "stage": self.stage,
+                "tier": self.tier,
+                "scheduled_s": r6(self.scheduled_s),
+                "sent_s": r6(self.sent_s),
+                "first_token_s": r6(self.first_token_s),
+                "token_s": [round(t, 6) for t in self.token_s],
+                "done_s": r6(self.done_s),
+                "prompt_tokens": self.prompt_tokens,
+                "output_tokens": self.output_tokens,
+                "status": self.status,
+                "http_status": self.http_status,
+                "error": self.error,
+                "server": self.server,
+            },
+            separators=(",", ":"),
+        )
+
+
+def _r6(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+class RecordWriter:
+    """Appends one JSON line per record with a single ``write(2)`` on an ``O_APPEND`` descriptor, so
+    several worker processes can share the file and a crash loses nothing already written."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.count = 0
+
+    def write(self, rec: RequestRecord) -> None:
+        os.write(self._fd, (rec.to_json() + "\n").encode())
+        self.count += 1
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """All complete records in a ``requests.jsonl`` (a torn last line from a crash is ignored)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out

@@ -1,0 +1,111 @@
+"""Incremental Server-Sent Events parser for OpenAI-style streams.
+
+Feed it bytes exactly as they come off the socket, split anywhere (even inside a UTF-8 character or a
+``\\r\\n`` pair); it returns the complete events seen so far. Follows the WHATWG event-stream rules that
+matter for LLM servers: ``\\n``, ``\\r`` and ``\\r\\n`` line ends, multi-line ``data:`` joined by ``\\n``,
+comment lines (``:``), an optional single space after the colon, an event dispatched at a blank line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+DONE = "[DONE]"
+
+
+@dataclass(slots=True)
+class Event:
+    data: str
+    event: str | None = None
+    id: str | None = None
+
+
+class SSEParser:
+    __slots__ = ("_buf", "_data", "_event", "_id", "_pending_cr")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[str] = []
+        self._event: str | None = None
+        self._id: str | None = None
+        self._pending_cr = False  # the last chunk ended in \r: a following \n belongs to it
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        if self._pending_cr and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._pending_cr = False
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            if buf.endswith(b"\r"):
+                self._pending_cr = True
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, self._buf = buf.split(b"\n")
+        if not lines:
+            return []
+        events: list[Event] = []
+        for raw in lines:
+            if not raw:  # blank line: dispatch
+                if self._data:
+                    events.append(Event("\n".join(self._data), self._event, self._id))
+                self._data = []
+                self._event = None
+                continue
+            if raw[0] == 58:  # b":" comment
+                continue
+            field, sep, value = raw.partition(b":")
+            if sep and value[:1] == b" ":
+                value = value[1:]
+            name = field.decode("utf-8", "replace")
+            if name == "data":
+                self._data.append(value.decode("utf-8", "replace"))
+            elif name == "event":
+                self._event = value.decode("utf-8", "replace")
+            elif name == "id":
+                self._id = value.decode("utf-8", "replace")
+            # "retry" and unknown fields are ignored
+        return events
+
+    def close(self) -> list[Event]:
+        """End of stream: a final event without its blank line is still delivered (lenient)."""
+        events = self.feed(b"\n\n") if (self._buf or self._data) else []
+        return events
+
+
+class StreamError(Exception):
+    """An error object inside a 200 stream, or a malformed chunk."""
+
+
+def decode_chunk(data: str) -> dict[str, Any] | None:
+    """Decode one event's data: None for ``[DONE]``; raises StreamError for an error object or bad JSON."""
+    if data == DONE:
+        return None
+    try:
+        obj = json.loads(data)
+    except ValueError as e:
+        raise StreamError(f"malformed chunk: {data[:200]!r}") from e
+    if not isinstance(obj, dict):
+        raise StreamError(f"chunk is not a JSON object: {data[:200]!r}")
+    err = obj.get("error")
+    if err:
+        if isinstance(err, dict):
+            msg = err.get("message") or json.dumps(err)
+            code = err.get("code") or err.get("type")
+            raise StreamError(f"{code}: {msg}" if code else str(msg))
+        raise StreamError(str(err))
+    return obj
+
+
+def chunk_content(obj: dict[str, Any]) -> str:
+    """The generated text of a completions or chat chunk ("" when none)."""
+    choices = obj.get("choices")
+    if not choices:
+        return ""
+    c = choices[0]
+    text = c.get("text")
+    if text is None:
+        delta = c.get("delta")
+        if delta:
+            text = delta.get("content") or delta.get("reasoning_content") or ""
+    return text or ""

@@ -1,0 +1,211 @@
+"""Request specs and synthetic workloads.
+
+A workload is a list of :class:`RequestSpec`, sorted by arrival time. Prompts are token ids (sent to
+``/v1/completions``), text (``/v1/completions``) or chat messages (``/v1/chat/completions``). Long
+trace prompts stay compact as :class:`BlockPrompt` and become token ids only when the request is sent.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+
+DEFAULT_TOKEN_RANGE = (10, 500)  # token ids drawn from [lo, hi): safe for small test vocabularies
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPrompt:
+    """A prompt made of deterministic blocks: block ``h`` is always the same ``block_size`` tokens.
+
+    Two prompts that start with the same hash ids therefore start with the same tokens, which is what
+    Mooncake's ``hash_ids`` mean. The last block is cut so the prompt has exactly ``num_tokens``.
+    """
+
+    hash_ids: tuple[int, ...]
+    num_tokens: int
+    block_size: int = 512
+    seed: int = 0
+    token_range: tuple[int, int] = DEFAULT_TOKEN_RANGE
+
+    def tokens(self) -> list[int]:
+        if not self.hash_ids:
+            return []
+        parts = [_block(self.seed, h, self.block_size, self.token_range) for h in self.hash_ids]
+        return np.concatenate(parts)[: self.num_tokens].tolist()
+
+
+@functools.lru_cache(maxsize=4096)
+def _block(seed: int, hash_id: int, block_size: int, token_range: tuple[int, int]) -> np.ndarray:
+    rng = np.random.default_rng([seed & 0xFFFFFFFF, hash_id & 0xFFFFFFFFFFFF, 0x5EED])
+    return rng.integers(token_range[0], token_range[1], size=block_size, dtype=np.int64)
+
+
+Prompt = Union[list[int], str, list[dict[str, str]], BlockPrompt]  # noqa: UP007 (runtime alias, py3.10)
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    id: str
+    arrival_s: float
+    prompt: Prompt
+    max_tokens: int
+    tier: str | None = None
+    ignore_eos: bool = True
+    prompt_tokens: int | None = None  # known input length (token-id prompts); None for text
+    conversation: str | None = None  # multi-turn: conversation id and turn index
+    turn: int = 0
+
+    @property
+    def kind(self) -> str:
+        if isinstance(self.prompt, str):
+            return "text"
+        if isinstance(self.prompt, BlockPrompt):
+            return "tokens"
+        if self.prompt and isinstance(self.prompt[0], dict):
+            return "chat"
+        return "tokens"
+
+    def prompt_value(self) -> Any:
+        """The prompt as it goes into the request body (token ids materialised)."""
+        return self.prompt.tokens() if isinstance(self.prompt, BlockPrompt) else self.prompt
+
+
+# ---------------------------------------------------------------- length distributions
+
+
+@dataclass(slots=True)
+class LengthDist:
+    """fixed | uniform | normal | lognormal | empirical, clamped to [min, max] and at least 1."""
+
+    dist: str = "fixed"
+    value: int = 128  # fixed
+    mean: float = 128.0  # normal; lognormal (mean of the lengths, not of the log)
+    std: float = 0.0  # normal
+    sigma: float = 0.5  # lognormal: std of log(length)
+    min: int = 1
+    max: int = 1 << 20
+    values: Sequence[int] = field(default_factory=list)  # empirical samples
+
+    KINDS = ("fixed", "uniform", "normal", "lognormal", "empirical")
+
+    def __post_init__(self) -> None:
+        if self.dist not in self.KINDS:
+            raise ValueError(f"dist must be one of {', '.join(self.KINDS)}, got {self.dist!r}")
+        if self.min < 1 or self.max < self.min:
+            raise ValueError(f"need 1 <= min <= max, got min={self.min} max={self.max}")
+        if self.dist == "empirical" and len(self.values) == 0:
+            raise ValueError("empirical distribution needs a non-empty 'values'")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.dist == "fixed":
+            x = np.full(n, float(self.value))
+        elif self.dist == "uniform":
+            x = rng.integers(self.min, self.max + 1, size=n).astype(float)
+        elif self.dist == "normal":
+            x = rng.normal(self.mean, self.std, size=n)
+        elif self.dist == "lognormal":
+            mu = np.log(self.mean) - self.sigma**2 / 2  # so E[length] == mean
+            x = rng.lognormal(mu, self.sigma, size=n)
+        else:
+            x = rng.choice(np.asarray(self.values, dtype=float), size=n, replace=True)
+        return np.clip(np.rint(x), max(self.min, 1), self.max).astype(np.int64)
+
+
+# ---------------------------------------------------------------- synthetic workload
+
+
+@dataclass(slots=True)
+class SharedPrefix:
+    """K system prompts of L tokens; a share ``ratio`` of requests starts with one of them."""
+
+    num_prompts: int = 1
+    length: int = 256
+    ratio: float = 1.0
+
+
+@dataclass(slots=True)
+class Conversations:
+    """Multi-turn chats: each turn's prompt is the whole history plus a new user message."""
+
+    turns: int = 3
+    think_time_s: float = 2.0  # gap between a conversation's turns in the schedule
+    answer_tokens: int = 32  # stand-in for the assistant's reply in the history
+
+
+@dataclass(slots=True)
+class SyntheticWorkload:
+    input_len: LengthDist = field(default_factory=LengthDist)
+    output_len: LengthDist = field(default_factory=lambda: LengthDist(value=64))
+    shared_prefix: SharedPrefix | None = None
+    tiers: dict[str, float] = field(default_factory=dict)  # tier -> weight; empty: no tier
+    conversations: Conversations | None = None
+    token_range: tuple[int, int] = DEFAULT_TOKEN_RANGE
+    ignore_eos: bool = True
+
+    def generate(self, arrivals: Sequence[float], seed: int = 0) -> list[RequestSpec]:
+        """One request per arrival time (a conversation turn counts as a request)."""
+        rng = np.random.default_rng(seed)
+        n = len(arrivals)
+        lo, hi = self.token_range
+        in_lens = self.input_len.sample(rng, n)
+        out_lens = self.output_len.sample(rng, n)
+        tiers = self._tiers(rng, n)
+        prefixes: list[list[int]] = []
+        use_prefix = np.zeros(n, dtype=bool)
+        which = np.zeros(n, dtype=np.int64)
+        if self.shared_prefix and self.shared_prefix.num_prompts > 0:
+            sp = self.shared_prefix
+            prefixes = [rng.integers(lo, hi, sp.length).tolist() for _ in range(sp.num_prompts)]
+            use_prefix = rng.random(n) < sp.ratio
+            which = rng.integers(0, sp.num_prompts, size=n)
+        if self.conversations:
+            return self._conversations(arrivals, rng, in_lens, out_lens, tiers, prefixes, use_prefix, which)
+        specs = []
+        for i, t in enumerate(arrivals):
+            body = rng.integers(lo, hi, int(in_lens[i])).tolist()
+            prompt = (prefixes[which[i]] + body) if use_prefix[i] else body
+            specs.append(
+                RequestSpec(
+                    id=f"r{i}", arrival_s=float(t), prompt=prompt, max_tokens=int(out_lens[i]),
+                    tier=tiers[i], ignore_eos=self.ignore_eos, prompt_tokens=len(prompt),
+                )
+            )
+        return specs
+
+    def _tiers(self, rng: np.random.Generator, n: int) -> list[str | None]:
+        if not self.tiers:
+            return [None] * n
+        names = list(self.tiers)
+        w = np.asarray([self.tiers[k] for k in names], dtype=float)
+        idx = rng.choice(len(names), size=n, p=w / w.sum())
+        return [names[j] for j in idx]
+
+    def _conversations(self, arrivals, rng, in_lens, out_lens, tiers, prefixes, use_prefix, which):
+        conv = self.conversations
+        lo, hi = self.token_range
+        specs: list[RequestSpec] = []
+        n = len(arrivals)
+        n_conv = -(-n // conv.turns)
+        i = 0
+        for c in range(n_conv):
+            start = float(arrivals[c * conv.turns]) if c * conv.turns < n else float(arrivals[-1])
+            history: list[int] = prefixes[which[c]][:] if (prefixes and use_prefix[c]) else []
+            for turn in range(conv.turns):
+                if i >= n:
+                    break
+                history = history + rng.integers(lo, hi, int(in_lens[i])).tolist()
+                specs.append(
+                    RequestSpec(
+                        id=f"c{c}t{turn}", arrival_s=start + turn * conv.think_time_s, prompt=list(history),
+                        max_tokens=int(out_lens[i]), tier=tiers[c * conv.turns], ignore_eos=self.ignore_eos,
+                        prompt_tokens=len(history), conversation=f"c{c}", turn=turn,
+                    )
+                )
+                history = history + rng.integers(lo, hi, conv.answer_tokens).tolist()
+                i += 1
+        specs.sort(key=lambda s: s.arrival_s)
+        return specs
