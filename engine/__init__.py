@@ -1,0 +1,9 @@
+"""slobench's reference inference engine."""
+
+from engine.config import EngineConfig
+from engine.engine import CompletionOutput, Engine, EngineStats, RequestOutput, Timing
+from engine.sampling import SamplingParams
+
+__all__ = [
+    "CompletionOutput", "Engine", "EngineConfig", "EngineStats", "RequestOutput", "SamplingParams", "Timing",
+]

@@ -15,6 +15,9 @@ class EngineConfig:
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None  # None: float32 on cpu, bfloat16 on cuda
     seed: int = 0
+    # CPU threads for torch. One by default: the load generator shares the machine, and OpenMP threads
+    # spinning against a busy core made a tiny matmul 25x slower here (7 ms instead of 0.3 ms).
+    num_threads: int | None = 1
     max_model_len: int | None = None  # None: the model's max_position_embeddings
 
     # Paged KV cache

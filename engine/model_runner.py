@@ -1,0 +1,123 @@
+"""Turns a scheduled batch into tensors, runs the model over the paged KV cache, and samples."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.block_manager import BlockOps
+from engine.model import CausalLM, ModelConfig, allocate_kv_cache
+from engine.scheduler import ScheduledSeq
+from engine.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 num_blocks: int, num_host_blocks: int, block_size: int):
+        self.model = model
+        self.cfg = model_cfg
+        self.device = device
+        self.block_size = block_size
+        self.kv_caches = allocate_kv_cache(model_cfg, num_blocks, block_size, device, dtype)
+        # The host pool that swapped requests live in; pinned on CUDA so copies can overlap.
+        cpu = torch.device("cpu")
+        self.host_kv_caches = allocate_kv_cache(model_cfg, num_host_blocks, block_size, cpu, dtype)
+        if device.type == "cuda":
+            self.host_kv_caches = [(k.pin_memory(), v.pin_memory()) for k, v in self.host_kv_caches]
+
+    # ---- block movement -------------------------------------------------------------------------
+    def execute_ops(self, ops: BlockOps) -> None:
+        """Swap out, swap in, then copy-on-write copies (the order BlockOps documents)."""
+        if ops.swap_out:
+            dev, host = self._index(ops.swap_out)
+            for (dk, dv), (hk, hv) in zip(self.kv_caches, self.host_kv_caches, strict=True):
+                hk[host.cpu()] = dk[dev].cpu()
+                hv[host.cpu()] = dv[dev].cpu()
+        if ops.swap_in:
+            host, dev = self._index(ops.swap_in)
+            for (dk, dv), (hk, hv) in zip(self.kv_caches, self.host_kv_caches, strict=True):
+                dk[dev] = hk[host.cpu()].to(self.device, non_blocking=True)
+                dv[dev] = hv[host.cpu()].to(self.device, non_blocking=True)
+        if ops.copies:
+            src, dst = self._index(ops.copies)
+            for k, v in self.kv_caches:
+                k[dst] = k[src]
+                v[dst] = v[src]
+
+    def _index(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = zip(*pairs, strict=True)
+        return (torch.tensor(a, dtype=torch.long, device=self.device),
+                torch.tensor(b, dtype=torch.long, device=self.device))
+
+    # ---- forward --------------------------------------------------------------------------------
+    def prepare(self, batch: list[ScheduledSeq], tables: list[list[int]]
+                ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        bs = self.block_size
+        for item, table in zip(batch, tables, strict=True):
+            seq, n = item.seq, item.num_new_tokens
+            start = seq.num_computed
+            ids += seq.token_ids[start : start + n]
+            positions += range(start, start + n)
+            slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            query_lens.append(n)
+            context_lens.append(start + n)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        dev = self.device
+        cu = [0]
+        for q in query_lens:
+            cu.append(cu[-1] + q)
+        meta = AttentionMetadata(
+            query_lens=query_lens,
+            context_lens=context_lens,
+            cu_query_lens=torch.tensor(cu, dtype=torch.int32, device=dev),
+            context_lens_t=torch.tensor(context_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+        )
+        return (torch.tensor(ids, dtype=torch.long, device=dev),
+                torch.tensor(positions, dtype=torch.long, device=dev), meta)
+
+    def run(self, batch: list[ScheduledSeq], tables: list[list[int]], sample_rows: list[int]) -> torch.Tensor:
+        """Forward the batch; return float32 logits for the last new token of each row in sample_rows."""
+        input_ids, positions, meta = self.prepare(batch, tables)
+        hidden = self.model(input_ids, positions, meta, self.kv_caches)
+        last = torch.tensor([sum(meta.query_lens[: i + 1]) - 1 for i in sample_rows], device=self.device)
+        return self.model.compute_logits(hidden[last])
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -> list[int]:
+    """One token per row. Greedy rows are argmax; others use temperature, top-k, top-p and their own seed."""
+    logits = logits.clone()
+    for row, seq in enumerate(seqs):
+        p = seq.params
+        if seq.num_output_tokens < p.min_tokens:
+            # Too early to stop: end-of-sequence and stop tokens are not allowed yet.
+            banned = list(p.stop_token_ids) + ([] if p.ignore_eos else eos_token_ids)
+            if banned:
+                logits[row, banned] = float("-inf")
+    greedy = logits.argmax(dim=-1).tolist()
+    out: list[int] = []
+    for row, seq in enumerate(seqs):
+        p = seq.params
+        if p.greedy:
+            out.append(greedy[row])
+            continue
+        scores = logits[row] / p.temperature
+        if p.top_k > 0:
+            kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if p.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= p.top_p
+            sorted_probs[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        out.append(int(torch.multinomial(probs, 1, generator=seq.generator).item()))
+    return out
