@@ -161,6 +161,8 @@ class Engine:
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt is empty", "prompt")
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool)
                                                       for t in prompt):

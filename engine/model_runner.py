@@ -87,7 +87,8 @@ class ModelRunner:
         """Forward the batch; return float32 logits for the last new token of each row in sample_rows."""
         input_ids, positions, meta = self.prepare(batch, tables)
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
-        last = torch.tensor([sum(meta.query_lens[: i + 1]) - 1 for i in sample_rows], device=self.device)
+        ends = meta.cu_query_lens.tolist()
+        last = torch.tensor([ends[i + 1] - 1 for i in sample_rows], dtype=torch.long, device=self.device)
         return self.model.compute_logits(hidden[last])
 
 
