@@ -1,0 +1,99 @@
+"""Poll the target's Prometheus ``/metrics`` every second into ``metrics.jsonl``.
+
+Runs in its own process so parsing a large exposition never steals time from the replayer's event
+loop. Each line: ``{"t": seconds since the run start, "metrics": {"name{label=\"v\",...}": value}}``
+(or ``"error"``). Only families with the given prefixes are kept (``vllm:`` by default), so the same
+breakdown code works against the reference engine and a real vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def parse_metrics(text: str, prefixes: Sequence[str] = ("vllm:",)) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if prefixes and not fam.name.startswith(tuple(prefixes)):
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_created"):  # creation timestamps, not measurements
+                continue
+            if s.labels:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{labels}}}"] = s.value
+            else:
+                out[s.name] = s.value
+    return out
+
+
+def scrape_once(url: str, prefixes: Sequence[str] = ("vllm:",), timeout: float = 2.0) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (loopback target URL)
+        return parse_metrics(r.read().decode("utf-8", "replace"), prefixes)
+
+
+def scrape_loop(url: str, out_path: str, t0: float, stop, interval_s: float = 1.0,
+                prefixes: Sequence[str] = ("vllm:",)) -> None:
+    """Scrape until ``stop`` (a multiprocessing Event) is set; one final scrape after it."""
+    k = 0
+    with open(out_path, "a", encoding="utf-8") as f:
+        while True:
+            stopping = stop.is_set()
+            t = time.monotonic() - t0
+            try:
+                line = {"t": round(t, 6), "metrics": scrape_once(url, prefixes)}
+            except Exception as e:  # noqa: BLE001 (any failure is recorded, scraping goes on)
+                line = {"t": round(t, 6), "error": f"{type(e).__name__}: {e}"}
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+            f.flush()
+            if stopping:
+                return
+            k += 1
+            stop.wait(max(0.0, t0 + k * interval_s - time.monotonic()))
+
+
+class Scraper:
+    """A scraper process: ``start()`` at the run start, ``stop()`` at its end."""
+
+    def __init__(self, target: str, out_path: str | Path, t0: float, interval_s: float = 1.0,
+                 prefixes: Sequence[str] = ("vllm:",)):
+        ctx = mp.get_context("spawn")
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(
+            target=scrape_loop, args=(target.rstrip("/") + "/metrics", str(out_path), t0, self._stop,
+                                      interval_s, tuple(prefixes)),
+            daemon=True, name="slobench-scraper",
+        )
+
+    def start(self) -> Scraper:
+        self._proc.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(1.0)
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            o = json.loads(line)
+        except ValueError:
+            continue
+        if "metrics" in o:
+            out.append(o)
+    return out
