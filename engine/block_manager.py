@@ -44,6 +44,9 @@ class BlockOps:
         return bool(self.swap_in or self.copies or self.swap_out)
 
 
+_NO_OPS = BlockOps()  # returned when nothing moves; never mutated (callers extend their own)
+
+
 @dataclass
 class KVStats:
     num_blocks: int
@@ -172,7 +175,10 @@ class BlockManager:
 
         All or nothing: raises NoFreeBlocksError without changing anything if the pool is short.
         """
-        if self.blocks_needed(seq_id, num_slots) > self.num_free_blocks:
+        needed = self.blocks_needed(seq_id, num_slots)
+        if needed == 0:
+            return _NO_OPS  # the common decode step: room left in the last, unshared block
+        if needed > self.num_free_blocks:
             raise NoFreeBlocksError(f"sequence {seq_id} needs more KV blocks than are free")
         ops = BlockOps()
         table = self.tables[seq_id]

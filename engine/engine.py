@@ -91,7 +91,8 @@ class EngineStats:
     waiting_by_tier: dict[str, int]
     running_by_tier: dict[str, int]
     steps: int
-    schedule_time_s: float  # scheduler + output processing, cumulative
+    schedule_time_s: float  # in the scheduler, cumulative
+    process_time_s: float  # sampling bookkeeping, stop checks, detokenizing, outputs, cumulative
     step_time_s: float  # whole steps, cumulative
 
 
@@ -130,6 +131,7 @@ class Engine:
         self._step_lock = threading.RLock()
         self.admission_rejections = dict.fromkeys(TIERS, 0)
         self._schedule_time = 0.0
+        self._process_time = 0.0
         self._step_time = 0.0
 
     # ---- requests in ----------------------------------------------------------------------------
@@ -215,7 +217,8 @@ class Engine:
                 t2 = time.monotonic()
                 self._process(batch, rows, logits, outputs, t2)
                 t3 = time.monotonic()
-            self._schedule_time += (t1 - t0) + (t3 - t2)
+            self._schedule_time += t1 - t0
+            self._process_time += t3 - t2
             self._step_time += t3 - t0
             return list(outputs.values())
 
@@ -298,19 +301,32 @@ class Engine:
             reason = "stop"
         elif n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"
-        text = self.tokenizer.decode(seq.output_ids)
+        checked = len(seq.text)
+        seq.text += self._detokenize_step(seq, final=reason is not None)
         if reason is None and p.stop and n_out >= p.min_tokens:
             # Only the tail can hold a new match: the text before it was already checked.
-            start = max(0, len(seq.text) - max(len(s) for s in p.stop))
-            hits = [i for i in (text.find(s, start) for s in p.stop) if i >= 0]
+            start = max(0, checked - max(len(s) for s in p.stop) + 1)
+            hits = [i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0]
             if hits:
-                text, reason = text[: min(hits)], "stop"
-        if reason is None:
-            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence: wait for its next bytes
-        seq.text = text
+                seq.text, reason = seq.text[: min(hits)], "stop"
         if reason is not None:
             seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
             self.block_manager.free(seq.seq_id)
+
+    def _detokenize_step(self, seq: Sequence, final: bool) -> str:
+        """Text the newest token adds, decoding only a short window (constant work per token).
+
+        The window starts a few tokens back so tokenizers that merge across token boundaries (leading
+        spaces, multi-byte characters split over byte tokens) still render right; text that ends in an
+        incomplete UTF-8 sequence is held back until the bytes that complete it arrive.
+        """
+        ids = seq.output_ids
+        before = self.tokenizer.decode(ids[seq.prefix_offset : seq.read_offset])
+        after = self.tokenizer.decode(ids[seq.prefix_offset :])
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+            return ""
+        seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
+        return after[len(before) :]
 
     def _output(self, request: Request, finished: bool) -> RequestOutput:
         completions = []
@@ -387,6 +403,7 @@ class Engine:
                 running_by_tier=running_by_tier,
                 steps=sched.step_count,
                 schedule_time_s=self._schedule_time,
+                process_time_s=self._process_time,
                 step_time_s=self._step_time,
             )
 

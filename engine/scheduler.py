@@ -37,6 +37,7 @@ class SchedulerOutput:
     ops: BlockOps = field(default_factory=BlockOps)
     num_swapped_out: int = 0
     num_recomputed: int = 0
+    preempted: set[str] = field(default_factory=set)  # request ids
 
     @property
     def num_batched_tokens(self) -> int:
@@ -96,7 +97,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled_ids: set[str] = set()
         for request in sorted(self.running, key=self._priority):
-            if request.request_id in scheduled_ids or request not in self.running:
+            if request.request_id in scheduled_ids or request.request_id in out.preempted:
                 continue  # preempted earlier in this loop
             budget = self._schedule_request(request, budget, out, scheduled_ids)
         if admit:
@@ -145,7 +146,8 @@ class Scheduler:
             n = self._tokens_for(seq, budget)
             if n == 0:
                 continue
-            while self.bm.blocks_needed(seq.seq_id, seq.num_computed + n) > self.bm.num_free_blocks:
+            slots = seq.num_computed + n
+            while self.bm.blocks_needed(seq.seq_id, slots) > self.bm.num_free_blocks:
                 candidates = [
                     r for r in self.running if r.request_id not in scheduled_ids and r is not request
                 ]
@@ -159,7 +161,9 @@ class Scheduler:
                     self._preempt(request, out)
                     return budget
                 self._preempt(self._victim_order(candidates)[0], out)
-            out.ops.extend(self.bm.ensure_slots(seq.seq_id, seq.num_computed + n))
+            ops = self.bm.ensure_slots(seq.seq_id, slots)
+            if ops:
+                out.ops.extend(ops)
             out.scheduled.append(ScheduledSeq(seq, n))
             seq.last_scheduled_step = self.step_count
             budget -= n
@@ -170,6 +174,7 @@ class Scheduler:
         """Swap a running request to host memory, or drop its KV to recompute when the host pool is full."""
         self.running.remove(request)
         self.num_preemptions += 1
+        out.preempted.add(request.request_id)
         seq_ids = [s.seq_id for s in self._live_seqs(request)]
         if not out.ops.swap_in and self.bm.can_swap_out(seq_ids):
             out.ops.extend(self.bm.swap_out(seq_ids))

@@ -37,8 +37,10 @@ class Sequence:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     last_scheduled_step: int = -1
-    # Detokenization state: text so far (stop strings trimmed) and how many tokens it covers.
+    # Detokenization state: text so far (stop strings trimmed) and the incremental decoding window.
     text: str = ""
+    prefix_offset: int = 0
+    read_offset: int = 0
     num_emitted_tokens: int = 0
     emitted_text_len: int = 0
 
