@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -22,6 +23,8 @@ import signal
 import sys
 import threading
 import time
+import types
+import typing
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -324,9 +327,7 @@ def _vocab_size(engine: Any) -> int | None:
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    req = protocol.parse_completion_request(
-        await _json_body(request), _served_models(engine), _vocab_size(engine)
-    )
+    req = protocol.parse_completion_request(await _json_body(request), _served_models(engine), _vocab_size(engine))
     return await _generate(request, req, req.prompt, "cmpl-")
 
 
@@ -425,6 +426,17 @@ async def _full_response(req: protocol.GenerationRequest, stream: RequestStream)
     return web.Response(text=_dumps(body), content_type="application/json")
 
 
+def _stop_holdback(text: str, stops: list[str]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+    hold = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:k]):
+                hold = k
+                break
+    return hold
+
+
 async def _stream_response(
     request: web.Request, req: protocol.GenerationRequest, stream: RequestStream
 ) -> web.StreamResponse:
@@ -433,15 +445,13 @@ async def _stream_response(
     rid, model, created, chat = stream.request_id, req.model, protocol.now_s(), req.kind == "chat"
     n = req.sampling["n"]
     finished_choices: set[int] = set()
+    sent: dict[int, int] = {}  # choice index -> characters of its text already streamed
+    stops = req.sampling["stop"]
     try:
         if chat:  # OpenAI opens each choice with the assistant role
             await resp.write(
                 b"".join(
-                    _sse(
-                        protocol.chat_chunk(
-                            rid, created, model, i, {"role": "assistant", "content": ""}, None
-                        )
-                    )
+                    _sse(protocol.chat_chunk(rid, created, model, i, {"role": "assistant", "content": ""}, None))
                     for i in range(n)
                 )
             )
@@ -455,20 +465,28 @@ async def _stream_response(
             parts = []
             for out in batch:
                 for c in out.outputs:
-                    finish = c.finish_reason if c.index not in finished_choices else None
+                    if c.index in finished_choices:
+                        continue
+                    finish = c.finish_reason
                     if finish == "abort":
                         finish = None
-                    if not c.new_text and finish is None:
+                    # Stream from the cumulative text, holding back a tail that could still become a
+                    # stop string: the engine trims a matched stop string from `text` only once it is
+                    # complete, and streamed characters cannot be taken back.
+                    text = c.text
+                    end = len(text) if c.finish_reason is not None else len(text) - _stop_holdback(text, stops)
+                    start = sent.get(c.index, 0)
+                    delta_text = text[start:end] if end > start else ""
+                    if not delta_text and finish is None:
                         continue
+                    sent[c.index] = max(start, end)
                     if finish is not None:
                         finished_choices.add(c.index)
                     if chat:
-                        delta = {"content": c.new_text} if c.new_text else {}
+                        delta = {"content": delta_text} if delta_text else {}
                         parts.append(_sse(protocol.chat_chunk(rid, created, model, c.index, delta, finish)))
                     else:
-                        parts.append(
-                            _sse(protocol.completion_chunk(rid, created, model, c.index, c.new_text, finish))
-                        )
+                        parts.append(_sse(protocol.completion_chunk(rid, created, model, c.index, delta_text, finish)))
             last = batch[-1]
             if last.finished:
                 if req.include_usage:
@@ -715,78 +733,82 @@ class BackgroundServer:
 
 
 def _tier_limits(text: str) -> dict[str, int]:
+    """`premium=8,standard=16,basic=32` or a JSON object (what scenario files pass)."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            pairs = list(json.loads(text).items())
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise argparse.ArgumentTypeError(f"not a JSON object of tier limits: {e}") from None
+    else:
+        pairs = []
+        for part in text.split(","):
+            tier, sep, value = part.partition("=")
+            if not sep:
+                raise argparse.ArgumentTypeError(f"expected tier=N pairs, got {part!r}")
+            pairs.append((tier.strip(), value.strip()))
     limits = {}
-    for part in text.split(","):
-        tier, sep, value = part.partition("=")
-        tier = tier.strip()
-        if not sep or tier not in TIERS:
-            raise argparse.ArgumentTypeError(
-                f"expected tier=N pairs with tiers {', '.join(TIERS)}, got {part!r}"
-            )
+    for tier, value in pairs:
+        if tier not in TIERS:
+            raise argparse.ArgumentTypeError(f"unknown tier {tier!r}; tiers are {', '.join(TIERS)}")
         try:
             limits[tier] = int(value)
-        except ValueError:
+        except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"{tier}: {value!r} is not an integer") from None
         if limits[tier] < 0:
             raise argparse.ArgumentTypeError(f"{tier}: the limit must be non-negative")
     return limits
 
 
-# (flag, EngineConfig field, argparse kwargs). Defaults stay with EngineConfig: None means "not given".
-_ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--device", "device", {"help": "cuda | cpu (default: cuda when available)"}),
-    (
-        "--dtype",
-        "dtype",
-        {"help": "float32 | bfloat16 | float16 (default: float32 on cpu, bfloat16 on cuda)"},
-    ),
-    ("--seed", "seed", {"type": int, "help": "random seed for preset weights and sampling"}),
-    ("--max-model-len", "max_model_len", {"type": int, "help": "context length (default: the model's)"}),
-    ("--block-size", "block_size", {"type": int, "help": "KV block size in tokens"}),
-    (
-        "--num-kv-blocks",
-        "num_kv_blocks",
-        {"type": int, "help": "KV blocks (default: from --kv-cache-tokens)"},
-    ),
-    ("--kv-cache-tokens", "kv_cache_tokens", {"type": int, "help": "KV capacity in tokens"}),
-    ("--num-host-blocks", "num_host_blocks", {"type": int, "help": "host (swap) KV blocks"}),
-    ("--kv-allocation", "kv_allocation", {"choices": ["paged", "contiguous"]}),
-    ("--batching", "batching", {"choices": ["continuous", "static"]}),
-    ("--max-num-seqs", "max_num_seqs", {"type": int, "help": "batch slots"}),
-    ("--max-num-batched-tokens", "max_num_batched_tokens", {"type": int, "help": "per-step token budget"}),
-    ("--prefill-chunk-size", "prefill_chunk_size", {"type": int, "help": "largest prefill chunk per step"}),
-    ("--rebatch-interval", "rebatch_interval", {"type": int, "help": "steps between admissions"}),
-    (
-        "--kv-watermark",
-        "kv_watermark",
-        {"type": float, "help": "KV usage where admission stops, swapping starts"},
-    ),
-    (
-        "--premium-reserved-kv-frac",
-        "premium_reserved_kv_frac",
-        {"type": float, "help": "KV share only premium uses"},
-    ),
-    (
-        "--premium-reserved-slots",
-        "premium_reserved_slots",
-        {"type": int, "help": "batch slots only premium uses"},
-    ),
-    (
-        "--max-waiting-per-tier",
-        "max_waiting_per_tier",
-        {"type": _tier_limits, "metavar": "premium=N,standard=N,basic=N", "help": "waiting-queue bounds"},
-    ),
-]
+_ENGINE_HELP = {
+    "device": "cuda | cpu (default: cuda when available)",
+    "dtype": "float32 | bfloat16 | float16 (default: float32 on cpu, bfloat16 on cuda)",
+    "seed": "random seed for preset weights",
+    "max_model_len": "context length (default: the model's)",
+    "block_size": "KV block size in tokens",
+    "num_kv_blocks": "KV blocks (default: from --kv-cache-tokens)",
+    "kv_cache_tokens": "KV capacity in tokens",
+    "num_host_blocks": "host (swap) KV blocks",
+    "enable_prefix_caching": "prefix caching (--no-prefix-caching turns it off)",
+    "kv_allocation": "paged | contiguous",
+    "batching": "continuous | static",
+    "max_num_seqs": "batch slots",
+    "max_num_batched_tokens": "per-step token budget",
+    "enable_chunked_prefill": "chunked prefill (--no-chunked-prefill turns it off)",
+    "prefill_chunk_size": "largest prefill chunk one request gets per step",
+    "rebatch_interval": "steps between admissions",
+    "premium_reserved_kv_frac": "share of KV blocks only premium may use",
+    "premium_reserved_slots": "batch slots only premium may use",
+    "max_waiting_per_tier": "waiting-queue bounds: premium=N,standard=N,basic=N (or JSON)",
+    "kv_watermark": "KV usage at which admissions stop and swapping starts",
+}
+
+
+def _engine_fields() -> list[tuple[str, Any]]:
+    """(EngineConfig field, its type without None) for every engine option but `model`."""
+    hints = typing.get_type_hints(EngineConfig)
+    out = []
+    for f in dataclasses.fields(EngineConfig):
+        if f.name == "model":
+            continue
+        tp = hints[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
+            tp = args[0]
+        out.append((f.name, typing.get_origin(tp) or tp))
+    return out
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The flags of `slobench serve` / `python -m engine.server`."""
-    parser.add_argument(
-        "--model", default="tiny", help="a preset name (tiny) or a Hugging Face checkpoint folder"
-    )
+    """The flags of `slobench serve` / `python -m engine.server`.
+
+    Every EngineConfig field is a flag (`max_num_seqs` -> `--max-num-seqs`; booleans also take
+    `--no-...`), defaulting to EngineConfig's own default.
+    """
+    parser.add_argument("--model", default="tiny", help="a preset name (tiny) or a Hugging Face checkpoint folder")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (0: any free port; default: 8000)")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     parser.add_argument(
         "--drain-timeout",
         type=float,
@@ -795,33 +817,38 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     group = parser.add_argument_group("engine")
-    for flag, dest, kwargs in _ENGINE_FLAGS:
-        group.add_argument(flag, dest=dest, default=None, **kwargs)
-    group.add_argument("--no-prefix-caching", action="store_true", help="turn off prefix caching")
-    group.add_argument("--no-chunked-prefill", action="store_true", help="turn off chunked prefill")
+    for name, tp in _engine_fields():
+        flag = "--" + name.replace("_", "-")
+        help_ = _ENGINE_HELP.get(name)
+        if tp is bool:
+            group.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction, help=help_)
+        elif tp is dict:
+            group.add_argument(flag, dest=name, default=None, type=_tier_limits, help=help_)
+        elif tp in (int, float, str):
+            group.add_argument(flag, dest=name, default=None, type=tp, help=help_)
+    # Short spellings for the switches that turn things off.
     group.add_argument(
-        "--no-triton", action="store_true", help="use the torch kernels even where Triton works"
+        "--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS
     )
+    group.add_argument(
+        "--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS
+    )
+    group.add_argument("--no-triton", dest="use_triton", action="store_false", help=argparse.SUPPRESS)
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    kwargs: dict[str, Any] = {"model": args.model}
-    for _, dest, _ in _ENGINE_FLAGS:
-        value = getattr(args, dest, None)
+    """EngineConfig from parsed flags; options not given keep EngineConfig's defaults."""
+    kwargs: dict[str, Any] = {"model": getattr(args, "model", "tiny")}
+    for name, _ in _engine_fields():
+        value = getattr(args, name, None)
         if value is not None:
-            kwargs[dest] = value
+            kwargs[name] = value
     if "max_waiting_per_tier" in kwargs:
         kwargs["max_waiting_per_tier"] = {
             **EngineConfig().max_waiting_per_tier,
             **kwargs["max_waiting_per_tier"],
         }
-    if getattr(args, "no_prefix_caching", False):
-        kwargs["enable_prefix_caching"] = False
-    if getattr(args, "no_chunked_prefill", False):
-        kwargs["enable_chunked_prefill"] = False
-    if getattr(args, "no_triton", False):
-        kwargs["use_triton"] = False
     return EngineConfig(**kwargs)
 
 
