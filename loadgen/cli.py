@@ -195,6 +195,7 @@ def cmd_mock_server(args) -> int:
 def cmd_run(args) -> int:
     from .scenario import ScenarioError, load_scenario
 
+    _goodput(args.goodput)  # bad SLOs fail before anything is loaded
     try:
         scn = load_scenario(args.scenario)
         if args.seed is not None:
@@ -218,6 +219,7 @@ def cmd_replay(args) -> int:
     from .arrivals import Arrivals
     from .traces import TraceError, TraceOptions, load_trace
 
+    goodput = _goodput(args.goodput)
     for name in ("time_scale", "rate", "max_duration"):
         v = getattr(args, name)
         if v is not None and not v > 0:
@@ -239,7 +241,6 @@ def cmd_replay(args) -> int:
     if info.skipped_failed:
         print(f"skipped {info.skipped_failed} failed rows (0 response tokens); --include-failed keeps them",
               file=sys.stderr)
-    goodput = _goodput(args.goodput)
     return _execute(args, specs, name=args.trace.stem.split(".")[0], target=args.target, model=args.model,
                     engine_opts=dict(args.engine_opt), goodput_cfg=goodput, tier_slos={},
                     workers=args.workers or 1, max_conn=args.max_connections or 0,

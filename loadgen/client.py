@@ -142,10 +142,11 @@ class Replayer:
 
     async def run(
         self, specs: Sequence[RequestSpec], t0: float | None = None, concurrency: int = 0,
-        on_start: Callable[[], None] | None = None,
+        on_start: Callable[[float], None] | None = None, start_delay_s: float = 0.05,
     ) -> None:
         """Send ``specs`` (sorted by ``arrival_s``) open-loop from ``t0``, or closed-loop with
-        ``concurrency`` users; returns when every request has ended or the run was stopped."""
+        ``concurrency`` users; returns when every request has ended or the run was stopped. Without
+        ``t0`` the run starts ``start_delay_s`` after set-up; ``on_start(t0)`` is called before it."""
         if self._session is None:
             await self.open()
         self._stop = asyncio.Event()
@@ -153,9 +154,9 @@ class Replayer:
         gc.freeze()  # long-lived objects leave the collector's view: no long GC pauses mid-run
         old_threshold = gc.get_threshold()
         gc.set_threshold(50_000, 50, 100)
-        self.t0 = now() if t0 is None else t0
+        self.t0 = now() + start_delay_s if t0 is None else t0
         if on_start:
-            on_start()
+            on_start(self.t0)
         main = asyncio.ensure_future(self._closed(specs, concurrency) if concurrency else self._open(specs))
         stopper = asyncio.ensure_future(self._stop.wait())
         try:
@@ -172,8 +173,8 @@ class Replayer:
         t0 = self.t0
         for spec in specs:
             path, body = build_body(spec, self.cfg, self.model)  # built before its send time comes
-            delay = t0 + spec.arrival_s - now()
-            if delay > 0:
+            # uvloop's timers have 1 ms resolution and may fire a little early: never send early
+            while (delay := t0 + spec.arrival_s - now()) > 0:
                 await asyncio.sleep(delay)
             task = loop.create_task(self._one(spec, spec.arrival_s, path, body))
             self._tasks.add(task)

@@ -91,13 +91,12 @@ async def _single(specs, opts: RunOptions, req_path: Path, met_path: Path) -> tu
         except BaseException:
             await rep.close()
             raise
-        t0 = time.monotonic() + 0.05
-        scraper = Scraper(opts.client.target, met_path, t0).start() if opts.scrape else None
+        scraper = Scraper(opts.client.target, met_path).start() if opts.scrape else None
         loop.add_signal_handler(signal.SIGINT, rep.stop, "interrupted (Ctrl-C)")
         display = _Display(len(specs)) if opts.progress else None
         watcher = asyncio.ensure_future(_watch(rep, prog, opts.watch, display))
         try:
-            await rep.run(specs, t0=t0, concurrency=opts.concurrency)
+            await rep.run(specs, concurrency=opts.concurrency, on_start=scraper.go if scraper else None)
         finally:
             watcher.cancel()
             loop.remove_signal_handler(signal.SIGINT)
@@ -223,9 +222,11 @@ def _sharded(specs, opts: RunOptions, req_path: Path, met_path: Path) -> tuple[s
         except Exception:  # noqa: BLE001
             stop_ev.set()
             raise TargetError("worker processes did not start (see their errors above)") from None
-        t0v.value = time.monotonic() + 0.1
+        scraper = Scraper(cfg.target, met_path).start() if opts.scrape else None
+        t0v.value = time.monotonic() + 0.2
         go.set()
-        scraper = Scraper(cfg.target, met_path, t0v.value).start() if opts.scrape else None
+        if scraper:
+            scraper.go(t0v.value)
         display = _Display(len(specs)) if opts.progress else None
         errors: list[str] = []
         done_workers = 0

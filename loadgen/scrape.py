@@ -39,9 +39,16 @@ def scrape_once(url: str, prefixes: Sequence[str] = ("vllm:",), timeout: float =
         return parse_metrics(r.read().decode("utf-8", "replace"), prefixes)
 
 
-def scrape_loop(url: str, out_path: str, t0: float, stop, interval_s: float = 1.0,
-                prefixes: Sequence[str] = ("vllm:",)) -> None:
-    """Scrape until ``stop`` (a multiprocessing Event) is set; one final scrape after it."""
+def scrape_loop(url: str, out_path: str, t0, stop, interval_s: float = 1.0,
+                prefixes: Sequence[str] = ("vllm:",), ready=None, go=None) -> None:
+    """Scrape until ``stop`` (a multiprocessing Event) is set; one final scrape after it. With ``ready``
+    and ``go`` events, signal ready once imported and wait for ``go``; ``t0`` is then read from a shared
+    value (the run start, known only then)."""
+    if ready is not None:
+        ready.set()
+        go.wait()
+    t0 = t0.value if hasattr(t0, "value") else t0
+    stop.wait(max(0.0, t0 - time.monotonic()))  # first scrape at the run start
     k = 0
     with open(out_path, "a", encoding="utf-8") as f:
         while True:
@@ -62,22 +69,30 @@ def scrape_loop(url: str, out_path: str, t0: float, stop, interval_s: float = 1.
 class Scraper:
     """A scraper process: ``start()`` at the run start, ``stop()`` at its end."""
 
-    def __init__(self, target: str, out_path: str | Path, t0: float, interval_s: float = 1.0,
+    def __init__(self, target: str, out_path: str | Path, interval_s: float = 1.0,
                  prefixes: Sequence[str] = ("vllm:",)):
         ctx = mp.get_context("spawn")
-        self._stop = ctx.Event()
+        self._stop, self._ready, self._go = ctx.Event(), ctx.Event(), ctx.Event()
+        self._t0 = ctx.Value("d", 0.0)
         self._proc = ctx.Process(
-            target=scrape_loop, args=(target.rstrip("/") + "/metrics", str(out_path), t0, self._stop,
-                                      interval_s, tuple(prefixes)),
+            target=scrape_loop, args=(target.rstrip("/") + "/metrics", str(out_path), self._t0, self._stop,
+                                      interval_s, tuple(prefixes), self._ready, self._go),
             daemon=True, name="slobench-scraper",
         )
 
-    def start(self) -> Scraper:
+    def start(self, timeout: float = 30.0) -> Scraper:
+        """Start the process and wait until it is ready, so its start-up never overlaps the run."""
         self._proc.start()
+        self._ready.wait(timeout)
         return self
+
+    def go(self, t0: float) -> None:
+        self._t0.value = t0
+        self._go.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._go.set()
         self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.terminate()

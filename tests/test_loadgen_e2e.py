@@ -1,0 +1,174 @@
+"""End to end: the slobench CLI against the mock server (and a target that dies mid-run)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from loadgen.embedded import free_port, wait_healthy
+from loadgen.records import read_records
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def slobench(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def mock_server():
+    procs = []
+
+    def start(*args):
+        port = free_port()
+        p = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "mock-server", "--port", str(port), *map(str, args)],
+                             cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(p)
+        wait_healthy(f"http://127.0.0.1:{port}", p, 30)
+        return f"http://127.0.0.1:{port}", p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            p.wait(10)
+
+
+def test_run_scenario_against_the_mock_server(mock_server, tmp_path):
+    url, _ = mock_server("--ttft-ms", 40, "--itl-ms", 5, "--tokens", 8)
+    scn = tmp_path / "s.yaml"
+    scn.write_text(
+        "name: e2e\nworkload: {input_len: 12, output_len: 8}\n"
+        "tiers: {premium: {weight: 1, slo: {ttft_ms: 1000}}, basic: {weight: 1}}\n"
+        "load: {arrival: poisson, rate: 40, requests: 60}\n"
+    )
+    r = slobench("run", scn, "--target", url, "--reports", tmp_path, "--run-id", "r1", "--goodput", "ttft:1000",
+                 "--lateness-bound-ms", 50)  # generous: pytest, the mock and this client share 2 cores
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "r1"
+    recs = read_records(run / "requests.jsonl")
+    assert len(recs) == 60 and {x["status"] for x in recs} == {"ok"}
+    keys = {"id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "prompt_tokens",
+            "output_tokens", "status", "http_status", "error", "server"}
+    for x in recs:
+        assert set(x) == keys
+        assert x["output_tokens"] == 8 and len(x["token_s"]) == 8 and x["prompt_tokens"] == 12
+        assert x["first_token_s"] == x["token_s"][0]
+        # the mock's first token comes 40 ms after arrival, the next ones 5 ms apart
+        assert x["first_token_s"] - x["scheduled_s"] >= 0.039
+        assert x["token_s"][-1] - x["token_s"][0] >= 0.025  # 7 gaps of 5 ms, give or take timer resolution
+        assert x["scheduled_s"] <= x["sent_s"] <= x["first_token_s"] <= x["done_s"]
+        assert x["server"]["prefill_ms"] == 40 and x["tier"] in ("premium", "basic")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed"] == 60 and summary["request_goodput"] > 0 and summary["valid"]
+    assert summary["tiers"]["premium"]["slo_attainment"] == 1.0
+    assert 40 <= summary["median_ttft_ms"] < 1000
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and any("vllm:generation_tokens_total" in "".join(m.get("metrics", {})) for m in metrics)
+
+
+def test_replay_trace_closed_loop_and_sharded_workers(mock_server, tmp_path):
+    url, _ = mock_server("--ttft-ms", 5, "--itl-ms", 1, "--tokens", 3)
+    traces = REPO.parent / "shared" / "traces" / "burstgpt" / "BurstGPT_1.head400.csv"
+    if not traces.exists():
+        pytest.skip("traces not found")
+    r = slobench("replay", traces, "--target", url, "--rate", 50, "--max-requests", 80, "--workers", 2,
+                 "--reports", tmp_path, "--run-id", "w2", "--no-scrape", "--json")
+    assert r.returncode == 0, r.stderr
+    recs = read_records(tmp_path / "w2" / "requests.jsonl")
+    assert sorted(int(x["id"][8:]) for x in recs) == list(range(80)) and all(x["status"] == "ok" for x in recs)
+    assert json.loads(r.stdout)["completed"] == 80
+    r = slobench("replay", traces, "--target", url, "--concurrency", 4, "--max-requests", 20,
+                 "--reports", tmp_path, "--run-id", "c4", "--no-scrape")
+    assert r.returncode == 0, r.stderr
+    recs = read_records(tmp_path / "c4" / "requests.jsonl")
+    assert len(recs) == 20 and all(x["sent_s"] == pytest.approx(x["scheduled_s"], abs=0.005) for x in recs)
+
+
+def test_target_dying_mid_run_saves_partial_records(mock_server, tmp_path):
+    url, proc = mock_server("--ttft-ms", 10, "--itl-ms", 50, "--tokens", 40)  # 2 s streams
+    scn = tmp_path / "s.yaml"
+    scn.write_text("workload: {input_len: 8, output_len: 40}\nload: {arrival: constant, rate: 20, requests: 400}\n")
+    run = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "run", scn, "--target", url, "--reports", tmp_path,
+                            "--run-id", "dies", "--no-scrape"], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    req = tmp_path / "dies" / "requests.jsonl"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (req.exists() and req.stat().st_size > 0):
+        time.sleep(0.1)  # wait until some requests have finished
+    proc.kill()
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 1, err
+    assert "run ended early" in err and "stopped accepting connections" in err
+    recs = read_records(req)
+    statuses = {x["status"] for x in recs}
+    assert "ok" in statuses and "conn_error" in statuses
+    assert "stream_error" in statuses  # the streams cut when it died
+    assert len(recs) < 400  # the schedule was not played to its end
+    summary = json.loads((tmp_path / "dies" / "summary.json").read_text())
+    assert summary["requests"] == len(recs) and "stopped accepting connections" in summary["stopped_early"]
+
+
+def test_ctrl_c_ends_the_run_with_records_and_summary(mock_server, tmp_path):
+    url, _ = mock_server("--ttft-ms", 10, "--itl-ms", 100, "--tokens", 30)
+    scn = tmp_path / "s.yaml"
+    scn.write_text("workload: {input_len: 8, output_len: 30}\nload: {arrival: constant, rate: 10, requests: 300}\n")
+    run = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "run", scn, "--target", url, "--reports", tmp_path,
+                            "--run-id", "int", "--no-scrape"], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    req = tmp_path / "int" / "requests.jsonl"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (req.exists() and req.stat().st_size > 0):
+        time.sleep(0.1)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    recs = read_records(req)
+    assert {"ok", "cancelled"} <= {x["status"] for x in recs}
+    assert json.loads((tmp_path / "int" / "summary.json").read_text())["cancelled"] > 0
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["run", "no/such.yaml"], "scenario file not found"),
+        (["replay", "no/such.jsonl"], "trace file not found"),
+        (["replay", "x", "--time-scale", "0"], "--time-scale must be > 0"),
+        (["replay", "x", "--goodput", "ttft"], "goodput"),
+        (["run"], "the following arguments are required"),
+        (["bogus"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args, msg):
+    r = slobench(*args)
+    assert r.returncode == 2
+    assert msg in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bad_scenario_names_the_key(tmp_path):
+    scn = tmp_path / "bad.yaml"
+    scn.write_text("workload: {input_len: {dist: uniform, min: 0, max: 3}}\nload: {requests: 3}\n")
+    r = slobench("run", scn)
+    assert r.returncode == 2 and "workload.input_len" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unreachable_target_is_a_clear_error(tmp_path):
+    scn = tmp_path / "s.yaml"
+    scn.write_text("workload: {input_len: 4, output_len: 4}\nload: {requests: 3}\n")
+    r = slobench("run", scn, "--target", f"http://127.0.0.1:{free_port()}", "--reports", tmp_path)
+    assert r.returncode == 1 and "cannot reach" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_mock_server_health_and_models(mock_server):
+    url, _ = mock_server()
+    with urllib.request.urlopen(url + "/v1/models") as r:
+        assert json.load(r)["data"][0]["id"] == "mock"
