@@ -86,7 +86,8 @@ class EngineStats:
     num_waiting: int
     num_swapped: int
     batch_fill_ratio: float  # running sequences / batch slots
-    num_preemptions: int
+    num_preemptions: int  # cumulative
+    num_swap_outs: int  # cumulative; preemptions that were not swaps dropped KV to recompute
     admission_rejections: dict[str, int]
     waiting_by_tier: dict[str, int]
     running_by_tier: dict[str, int]
@@ -398,6 +399,7 @@ class Engine:
                 num_swapped=sched.num_swapped(),
                 batch_fill_ratio=num_running / self.config.max_num_seqs,
                 num_preemptions=sched.num_preemptions,
+                num_swap_outs=sched.num_swap_outs,
                 admission_rejections=dict(self.admission_rejections),
                 waiting_by_tier={t: len(sched.waiting[t]) + self._pending_by_tier[t] for t in TIERS},
                 running_by_tier=running_by_tier,

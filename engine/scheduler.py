@@ -55,6 +55,7 @@ class Scheduler:
         self.step_count = 0
         self.rebatch_due = True  # a request finished: admit at the next step, whatever the interval
         self.num_preemptions = 0
+        self.num_swap_outs = 0  # of those, moved to host memory (the rest drop their KV and recompute)
         self.reserved_blocks = int(config.premium_reserved_kv_frac * block_manager.num_blocks)
 
     # ---- queues ---------------------------------------------------------------------------------
@@ -182,6 +183,7 @@ class Scheduler:
                 seq.status = SeqStatus.SWAPPED
             self.swapped[request.tier].append(request)
             out.num_swapped_out += 1
+            self.num_swap_outs += 1
             return
         for seq in self._live_seqs(request):
             self.bm.free(seq.seq_id)
