@@ -69,7 +69,8 @@ def gather_kv(
         numel = ids.numel() * flat.shape[1]
         buf = _cpu_workspace.get((slot, cache.dtype))
         if buf is None or buf.numel() < numel:
-            buf = _cpu_workspace[(slot, cache.dtype)] = torch.empty(numel, dtype=cache.dtype)
+            with torch.inference_mode(False):  # a normal tensor is writable both in and out of inference mode
+                buf = _cpu_workspace[(slot, cache.dtype)] = torch.empty(numel, dtype=cache.dtype)
         out = buf[:numel].view(ids.numel(), flat.shape[1])
     pages = torch.index_select(flat, 0, ids, out=out) if out is not None else flat.index_select(0, ids)
     return pages.view(num_seqs, num_blocks * block_size, *cache.shape[2:])[:, :num_tokens]

@@ -59,9 +59,7 @@ def _paged_attention_kernel(
     for start in range(0, kv_end, BLOCK_N):
         kn = start + tl.arange(0, BLOCK_N)
         kn_ok = kn < kv_end
-        block = tl.load(block_tables_ptr + seq * stride_bt + kn // PAGE_SIZE, mask=kn_ok, other=0).to(
-            tl.int64
-        )
+        block = tl.load(block_tables_ptr + seq * stride_bt + kn // PAGE_SIZE, mask=kn_ok, other=0).to(tl.int64)
         in_page = kn % PAGE_SIZE
         kv_mask = kn_ok[:, None] & d_ok[None, :]
         k_offs = block[:, None] * stride_kb + in_page[:, None] * stride_ks + kv_head * stride_kh + d[None, :]

@@ -49,9 +49,7 @@ def random_batch(
         k = torch.randn(ctx, num_kv_heads, head_dim, generator=gen).to(dtype)
         v = torch.randn(ctx, num_kv_heads, head_dim, generator=gen).to(dtype)
         dense.append((k, v))
-        seq_slots = torch.tensor(
-            [tables[i][p // block_size] * block_size + p % block_size for p in range(ctx)]
-        )
+        seq_slots = torch.tensor([tables[i][p // block_size] * block_size + p % block_size for p in range(ctx)])
         write_kv(k_cache, v_cache, k, v, seq_slots)  # the cached prefix and the new tokens alike
         slots += seq_slots[ctx - query_lens[i] :].tolist()
 
@@ -112,9 +110,7 @@ def test_decode_path_agrees_with_per_sequence_path():
             [1], [meta.context_lens[i]], torch.tensor([0, 1], dtype=torch.int32),
             meta.context_lens_t[i : i + 1], meta.block_tables[i : i + 1], meta.slot_mapping[i : i + 1],
         )  # fmt: skip
-        torch.testing.assert_close(
-            batched[i : i + 1], paged_attention(q[i : i + 1], k_cache, v_cache, one, 0.25)
-        )
+        torch.testing.assert_close(batched[i : i + 1], paged_attention(q[i : i + 1], k_cache, v_cache, one, 0.25))
 
 
 def test_write_kv_places_tokens_at_slots():
