@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arrival process for traces without timestamps (ShareGPT; rate from --rate)")
     p.add_argument("--burstiness", type=float, default=1.0)
     p.add_argument("--tier-mix", type=_tier_mix, help="e.g. premium=1,standard=3,basic=1")
-    p.add_argument("--token-range", type=int, nargs=2, default=(10, 500), metavar=("LO", "HI"),
+    p.add_argument("--token-range", type=int, nargs=2, default=(10, 250), metavar=("LO", "HI"),
                    help="synthetic token ids are drawn from [LO, HI)")
     p.add_argument("--concurrency", type=int, default=0,
                    help="closed loop with N users instead of timestamps")
@@ -301,6 +301,10 @@ def _execute(args, specs, *, name, target, model, engine_opts, goodput_cfg, tier
         if engine:
             engine.stop()
     _print_summary(result.summary, result.run_dir, args.json)
+    if not result.stopped and result.summary.get("requests") and not result.summary.get("completed"):
+        examples = "; ".join(result.summary.get("error_examples") or [])
+        print(f"error: no request succeeded ({examples})", file=sys.stderr)
+        return EXIT_FAIL
     if result.stopped:
         saved = result.summary.get("requests", 0)
         print(f"run ended early: {result.stopped}\n{saved} request records saved in {result.run_dir}",

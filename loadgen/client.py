@@ -2,7 +2,9 @@
 
 One session, an unlimited connector by default (``max_connections`` caps it on purpose: the wait for a
 connection then shows up as client lateness, ``sent_s - scheduled_s``), no total timeout on streams, a
-1 MiB read buffer, an incremental SSE parser. Times come from ``time.monotonic()`` (system-wide on
+1 MiB read buffer, an incremental SSE parser. The read timeout (longest silence in a request) is
+enforced by one watchdog sweep per second rather than aiohttp's per-read timer, which re-arms a timer
+on every chunk and cost more CPU than parsing the chunk. Times come from ``time.monotonic()`` (system-wide on
 Linux, so worker processes share one clock) relative to the run start ``t0``. Every latency is measured
 from the scheduled time, never from a late send.
 """
@@ -104,6 +106,7 @@ class Replayer:
         self.model = cfg.model
         self.abort_reason: str | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._active: dict[asyncio.Task, RequestRecord] = {}  # requests in flight, for the watchdog
         self._session: aiohttp.ClientSession | None = None
         self._headers = {"Content-Type": "application/json"}
         if cfg.api_key:
@@ -116,9 +119,7 @@ class Replayer:
 
     async def open(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.cfg.max_connections, limit_per_host=0, ttl_dns_cache=None)
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=self.cfg.read_timeout_s
-        )
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=None)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=timeout, read_bufsize=1 << 20, auto_decompress=False,
             headers=self._headers,
@@ -159,14 +160,28 @@ class Replayer:
             on_start(self.t0)
         main = asyncio.ensure_future(self._closed(specs, concurrency) if concurrency else self._open(specs))
         stopper = asyncio.ensure_future(self._stop.wait())
+        dog = asyncio.ensure_future(self._watchdog())
         try:
             await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (main, stopper, *self._tasks):
+            for t in (main, stopper, dog, *self._tasks):
                 t.cancel()
-            await asyncio.gather(main, stopper, *self._tasks, return_exceptions=True)
+            await asyncio.gather(main, stopper, dog, *self._tasks, return_exceptions=True)
             gc.set_threshold(*old_threshold)
             gc.unfreeze()
+
+    async def _watchdog(self) -> None:
+        limit = self.cfg.read_timeout_s
+        if not limit:
+            return
+        while True:
+            await asyncio.sleep(1.0)
+            t = now() - self.t0
+            for task, rec in list(self._active.items()):
+                last = rec.token_s[-1] if rec.token_s else rec.sent_s
+                if last is not None and t - last > limit and rec.status == "ok":
+                    rec.status, rec.error = "timeout", f"no data for {limit:g}s"
+                    task.cancel()
 
     async def _open(self, specs: Sequence[RequestSpec]) -> None:
         loop = asyncio.get_running_loop()
@@ -200,6 +215,8 @@ class Replayer:
         rec = RequestRecord(spec.id, self.cfg.stage, spec.tier, scheduled_s, prompt_tokens=spec.prompt_tokens)
         prog.sent += 1
         prog.in_flight += 1
+        task = asyncio.current_task()
+        self._active[task] = rec
         try:
             rec.sent_s = now() - t0
             async with self._session.post(self.cfg.target + path, data=body) as resp:
@@ -211,7 +228,8 @@ class Replayer:
                 else:
                     await self._stream(resp, rec)
         except asyncio.CancelledError:
-            rec.status, rec.error = "cancelled", "run stopped"
+            if rec.status != "timeout":  # the watchdog sets timeout before it cancels
+                rec.status, rec.error = "cancelled", "run stopped"
         except StreamError as e:
             rec.status, rec.error = "stream_error", str(e)
         except asyncio.TimeoutError:
@@ -230,6 +248,7 @@ class Replayer:
             rec.error = f"{type(e).__name__}: {e}"
         finally:
             rec.done_s = now() - t0
+            self._active.pop(task, None)
             prog.in_flight -= 1
             prog.done += 1
             if rec.status != "ok":

@@ -1,9 +1,12 @@
 """A mock OpenAI-compatible streaming target with exact, configurable timing, to measure the client.
 
 Each request gets its first token ``ttft_ms`` after it arrives and the next ones ``itl_ms`` apart, on an
-absolute schedule (no drift from sleep overshoot). The final chunk carries ``usage`` and ``timing``
-like the reference engine's. ``/metrics`` exposes a few ``vllm:`` series so the scraper has something
-to read.
+absolute schedule (no drift from timer overshoot). The final chunk carries ``usage`` and ``timing``
+like the reference engine's; ``/metrics`` exposes a few ``vllm:`` series for the scraper.
+
+It is a bare asyncio protocol (HTTP/1.1 keep-alive, chunked SSE responses, each token one
+``transport.write`` from a timer callback) rather than an aiohttp app: the mock must be several times
+cheaper per token than the client it measures, and aiohttp's per-chunk coroutine machinery was not.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import json
 import time
 from dataclasses import dataclass
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+             b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n")
 
 
 @dataclass(slots=True)
@@ -29,117 +33,196 @@ class MockConfig:
 
 
 class _Metrics:
-    def __init__(self) -> None:
+    def __init__(self, model: str) -> None:
         r = self.registry = CollectorRegistry()
-        self.running = Gauge("vllm:num_requests_running", "Requests running", ["model_name"], registry=r)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting", ["model_name"], registry=r)
-        self.prompt = Counter("vllm:prompt_tokens", "Prompt tokens", ["model_name"], registry=r)
-        self.gen = Counter("vllm:generation_tokens", "Generated tokens", ["model_name"], registry=r)
-        self.queue = Histogram("vllm:request_queue_time_seconds", "Queue time", ["model_name"],
-                               buckets=BUCKETS, registry=r)
-        self.prefill = Histogram("vllm:request_prefill_time_seconds", "Prefill time", ["model_name"],
-                                 buckets=BUCKETS, registry=r)
-        self.decode = Histogram("vllm:request_decode_time_seconds", "Decode time", ["model_name"],
-                                buckets=BUCKETS, registry=r)
+        lab = ["model_name"]
+        self.running = Gauge("vllm:num_requests_running", "Requests running", lab, registry=r).labels(model)
+        Gauge("vllm:num_requests_waiting", "Requests waiting", lab, registry=r).labels(model)
+        self.prompt = Counter("vllm:prompt_tokens", "Prompt tokens", lab, registry=r).labels(model)
+        self.gen = Counter("vllm:generation_tokens", "Generated tokens", lab, registry=r).labels(model)
+        self.queue, self.prefill, self.decode = (
+            Histogram(f"vllm:request_{n}_time_seconds", f"{n} time", lab, buckets=BUCKETS, registry=r).labels(model)
+            for n in ("queue", "prefill", "decode")
+        )
 
 
-def create_app(cfg: MockConfig) -> web.Application:
-    m = _Metrics()
-    app = web.Application()
-    created = int(time.time())
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
 
-    async def health(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
 
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
+def _sse(obj) -> bytes:
+    return _chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def complete(request: web.Request) -> web.StreamResponse:
-        t_arrive = time.monotonic()
+def _response(status: int, body: bytes, ctype: str = "application/json") -> bytes:
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}.get(status, "Error")
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: keep-alive\r\n\r\n").encode() + body
+
+
+def _error(status: int, message: str) -> bytes:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": status}}
+    return _response(status, json.dumps(body).encode())
+
+
+class _Server:
+    def __init__(self, cfg: MockConfig):
+        self.cfg = cfg
+        self.metrics = _Metrics(cfg.model)
+        self.created = int(time.time())
+
+
+class _Conn(asyncio.Protocol):
+    __slots__ = ("srv", "loop", "tr", "buf", "busy", "handle", "closed")
+
+    def __init__(self, srv: _Server):
+        self.srv = srv
+        self.loop = asyncio.get_running_loop()
+        self.tr = None
+        self.buf = b""
+        self.busy = False  # a stream is being written: the next request waits (no pipelining mid-stream)
+        self.handle = None
+        self.closed = False
+
+    def connection_made(self, transport) -> None:
+        self.tr = transport
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+            self.srv.metrics.running.dec()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._next()
+
+    def _next(self) -> None:
+        while not self.busy:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].decode("latin-1").split("\r\n")
+            try:
+                method, target, _ = head[0].split(" ", 2)
+            except ValueError:
+                self.tr.write(_error(400, "bad request line"))
+                self.tr.close()
+                return
+            length = 0
+            for h in head[1:]:
+                k, _, v = h.partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v.strip() or 0)
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4:end + 4 + length]
+            self.buf = self.buf[end + 4 + length:]
+            self._handle(method, target.split("?", 1)[0], body)
+
+    def _handle(self, method: str, path: str, body: bytes) -> None:
+        srv, cfg = self.srv, self.srv.cfg
+        if method == "GET":
+            if path == "/health":
+                self.tr.write(_response(200, b"ok", "text/plain"))
+            elif path == "/v1/models":
+                self.tr.write(_response(200, json.dumps(
+                    {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}).encode()))
+            elif path == "/metrics":
+                self.tr.write(_response(200, generate_latest(srv.metrics.registry), CONTENT_TYPE_LATEST))
+            else:
+                self.tr.write(_error(404, f"no route {path}"))
+            return
+        if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
+            self.tr.write(_error(404 if method == "POST" else 405, f"no route {method} {path}"))
+            return
         try:
-            req = await request.json()
+            req = json.loads(body)
         except ValueError:
-            return _error(400, "body is not JSON")
-        chat = request.path.endswith("/chat/completions")
+            self.tr.write(_error(400, "body is not JSON"))
+            return
+        chat = path.endswith("/chat/completions")
         prompt = req.get("messages") if chat else req.get("prompt")
         if prompt is None or not req.get("stream"):
-            return _error(400, "the mock server only streams; send stream: true and a prompt")
+            self.tr.write(_error(400, "the mock server only streams; send stream: true and a prompt"))
+            return
+        self._stream(req, chat, prompt)
+
+    def _stream(self, req: dict, chat: bool, prompt) -> None:
+        srv, cfg = self.srv, self.srv.cfg
+        t_arrive = self.loop.time()
         n_out = cfg.tokens if cfg.tokens is not None else int(req.get("max_tokens") or 16)
         n_in = len(prompt) if isinstance(prompt, list) and not chat else max(1, len(json.dumps(prompt)) // 4)
-        usage_wanted = (req.get("stream_options") or {}).get("include_usage", False)
-        rid = f"cmpl-{id(request):x}"
-        model_label = m.running.labels(cfg.model)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        model_label.inc()
-        if chat:
-            head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.model}
-            def chunk(text, finish=None):
-                choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
-                return {**head, "choices": [choice]}
-        else:
-            head = {"id": rid, "object": "text_completion", "created": created, "model": cfg.model}
-            def chunk(text, finish=None):
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-                return {**head, "choices": [choice]}
-        token = b"data: " + json.dumps(chunk(" tok"), separators=(",", ":")).encode() + b"\n\n"
-        loop = asyncio.get_running_loop()
-        start = loop.time() - (time.monotonic() - t_arrive)
+        usage = bool((req.get("stream_options") or {}).get("include_usage"))
+        head = {"id": f"cmpl-{id(self):x}{int(t_arrive * 1e6):x}", "created": srv.created, "model": cfg.model,
+                "object": "chat.completion.chunk" if chat else "text_completion"}
+
+        def chunk(text, finish=None):
+            choice = ({"index": 0, "delta": {"content": text}, "finish_reason": finish} if chat
+                      else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
+            return _sse({**head, "choices": [choice]})
+
+        token, last = chunk(" tok"), chunk(" tok", "length")
         ttft, itl = cfg.ttft_ms / 1000.0, cfg.itl_ms / 1000.0
-        try:
-            for k in range(n_out):
-                delay = start + ttft + k * itl - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if k == n_out - 1:
-                    last = chunk(" tok", "length")
-                    await resp.write(b"data: " + json.dumps(last, separators=(",", ":")).encode() + b"\n\n")
-                else:
-                    await resp.write(token)
-            t_end = time.monotonic()
-            decode_ms = max(0.0, (t_end - t_arrive) * 1000.0 - cfg.ttft_ms)
-            if usage_wanted:
-                final = {**head, "choices": [],
-                         "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
-                                   "total_tokens": n_in + n_out},
-                         "timing": {"queue_ms": 0.0, "prefill_ms": cfg.ttft_ms, "decode_ms": decode_ms,
-                                    "tier": req.get("service_tier") or "standard"}}
-                await resp.write(b"data: " + json.dumps(final, separators=(",", ":")).encode() + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-            m.prompt.labels(cfg.model).inc(n_in)
-            m.gen.labels(cfg.model).inc(n_out)
-            m.queue.labels(cfg.model).observe(0.0)
-            m.prefill.labels(cfg.model).observe(ttft)
-            m.decode.labels(cfg.model).observe(decode_ms / 1000.0)
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        finally:
-            model_label.dec()
-        return resp
+        self.busy = True
+        srv.metrics.running.inc()
+        self.tr.write(_SSE_HEAD)
 
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/v1/completions", complete)
-    app.router.add_post("/v1/chat/completions", complete)
-    return app
+        def emit(k: int) -> None:
+            if self.closed:
+                return
+            if k < n_out - 1:
+                self.tr.write(token)
+                self.handle = self.loop.call_at(t_arrive + ttft + (k + 1) * itl, emit, k + 1)
+                return
+            self.handle = None
+            out = [last]
+            decode_ms = max(0.0, (self.loop.time() - t_arrive - ttft) * 1000.0)
+            if usage:
+                out.append(_sse({**head, "choices": [],
+                                 "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
+                                           "total_tokens": n_in + n_out},
+                                 "timing": {"queue_ms": 0.0, "prefill_ms": cfg.ttft_ms, "decode_ms": decode_ms,
+                                            "tier": req.get("service_tier") or "standard"}}))
+            out.append(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            self.tr.write(b"".join(out))
+            m = srv.metrics
+            m.running.dec()
+            m.prompt.inc(n_in)
+            m.gen.inc(n_out)
+            m.queue.observe(0.0)
+            m.prefill.observe(ttft)
+            m.decode.observe(decode_ms / 1000.0)
+            self.busy = False
+            if self.buf:
+                self._next()
+
+        self.handle = self.loop.call_at(t_arrive + ttft, emit, 0)
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "invalid_request_error", "code": status}},
-                             status=status)
+async def _serve(cfg: MockConfig, host: str, port: int, ready=None) -> None:
+    srv = _Server(cfg)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _Conn(srv), host, port, backlog=4096, reuse_address=True)
+    if ready:
+        ready(server)
+    async with server:
+        await server.serve_forever()
 
 
 def serve(cfg: MockConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
     try:
         import uvloop
-        uvloop.install()
+        new_loop = uvloop.new_event_loop
     except ImportError:  # pragma: no cover
-        pass
+        new_loop = asyncio.new_event_loop
     print(f"mock server on http://{host}:{port} (ttft {cfg.ttft_ms} ms, itl {cfg.itl_ms} ms, "
           f"tokens {cfg.tokens or 'max_tokens'})", flush=True)
-    web.run_app(create_app(cfg), host=host, port=port, print=None, access_log=None, backlog=4096)
+    loop = new_loop()
+    try:
+        loop.run_until_complete(_serve(cfg, host, port))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        loop.close()

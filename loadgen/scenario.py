@@ -12,7 +12,7 @@ workload:
   output_len: 16
   shared_prefix: {num_prompts: 2, length: 64, ratio: 0.5}
   conversations: {turns: 3, think_time_s: 1.0}
-  token_range: [10, 500]
+  token_range: [10, 250]
   # trace: path, format, time_scale, rate, start_offset_s, block_size, skip_failed, output_len
 tiers:                     # weight and SLOs (ms) per service tier
   premium: {weight: 1, slo: {ttft_ms: 300}}
@@ -34,7 +34,7 @@ import yaml
 from .arrivals import KINDS as ARRIVAL_KINDS
 from .arrivals import Arrivals
 from .traces import FORMATS, TraceError, TraceOptions, load_length_stats, load_trace
-from .workloads import Conversations, LengthDist, RequestSpec, SharedPrefix, SyntheticWorkload
+from .workloads import DEFAULT_TOKEN_RANGE, Conversations, LengthDist, RequestSpec, SharedPrefix, SyntheticWorkload
 
 SLO_NAMES = ("ttft_ms", "tpot_ms", "e2el_ms")
 
@@ -233,7 +233,7 @@ def parse_scenario(
 
     w = root.child("workload")
     s.workload_type = w.get("type", str, "synthetic", choices=("synthetic", "trace"))
-    lo_hi = w.get("token_range", list, [10, 500])
+    lo_hi = w.get("token_range", list, list(DEFAULT_TOKEN_RANGE))
     if len(lo_hi) != 2 or not all(isinstance(x, int) for x in lo_hi) or not 0 <= lo_hi[0] < lo_hi[1]:
         raise ScenarioError(f"workload.token_range: expected [lo, hi] with 0 <= lo < hi, found {lo_hi}")
 

@@ -12,6 +12,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+try:  # orjson parses a chunk ~3x faster; json is the fallback and gives the same objects
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover
+    _loads = json.loads
+
 DONE = "[DONE]"
 
 
@@ -82,7 +87,7 @@ def decode_chunk(data: str) -> dict[str, Any] | None:
     if data == DONE:
         return None
     try:
-        obj = json.loads(data)
+        obj = _loads(data)
     except ValueError as e:
         raise StreamError(f"malformed chunk: {data[:200]!r}") from e
     if not isinstance(obj, dict):

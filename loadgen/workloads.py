@@ -14,7 +14,9 @@ from typing import Any, Union
 
 import numpy as np
 
-DEFAULT_TOKEN_RANGE = (10, 500)  # token ids drawn from [lo, hi): safe for small test vocabularies
+# Token ids are drawn from [lo, hi): inside every real vocabulary and the reference engine's byte-level
+# tiny model (258 ids) alike. Set ``token_range`` for anything else.
+DEFAULT_TOKEN_RANGE = (10, 250)
 
 
 @dataclass(frozen=True, slots=True)
