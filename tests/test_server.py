@@ -483,3 +483,33 @@ def test_sigterm_stops_the_server_cleanly(tmp_path):
             proc.kill()
         log = proc.stdout.read().decode()
     assert "Traceback" not in log, log
+
+
+def test_engine_failure_fails_requests_in_flight_and_server_recovers():
+    server = make_server()
+    engine = server.engine
+    real_step = engine.step
+    failures = {"left": 1}
+
+    def flaky_step():
+        if failures["left"] and engine.has_unfinished_requests():
+            failures["left"] -= 1
+            raise RuntimeError("simulated kernel failure")
+        return real_step()
+
+    engine.step = flaky_step
+    try:
+        req = urllib.request.Request(
+            server.url + "/v1/completions", data=b'{"prompt": "boom", "max_tokens": 50, "ignore_eos": true}'
+        )
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req)
+        assert info.value.code == 500
+        body = json.loads(info.value.read())
+        assert body["error"]["code"] == "engine_error" and "Traceback" not in body["error"]["message"]
+        r = client(server).completions.create(model="tiny", prompt="after", max_tokens=3)
+        assert r.usage.completion_tokens >= 1
+        assert urllib.request.urlopen(server.url + "/health").status == 200
+        assert_clean(server)
+    finally:
+        server.stop()
