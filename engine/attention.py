@@ -84,56 +84,82 @@ def paged_attention(
     K/V are read from the caches through the block tables (the new tokens' K/V must already be written),
     so a prefill chunk after a cached prefix and a decode are the same computation. GQA is handled by
     folding the Hq / Hkv query heads that share a KV head into the query-length axis, which keeps K/V
-    un-repeated.
+    un-repeated. Single-token rows (decodes) of a mixed batch take one batched call; only the prefill
+    chunks loop, so a step with one chunk and 63 decodes costs two attention calls per layer, not 64.
     """
     if meta.num_seqs == 0:
         return q
     if meta.is_all_decode:
-        return _decode_attention(q, k_cache, v_cache, meta, scale)
-    return _prefill_attention(q, k_cache, v_cache, meta, scale)
+        return _decode_attention(q, k_cache, v_cache, meta.context_lens, meta.context_lens_t, meta.block_tables, scale)
+    out = torch.empty_like(q)
+    starts = [0]
+    for n in meta.query_lens:
+        starts.append(starts[-1] + n)
+    single = [i for i, n in enumerate(meta.query_lens) if n == 1]
+    if len(single) > 1:
+        rows = torch.tensor([starts[i] for i in single], device=q.device)
+        seqs = torch.tensor(single, device=q.device)
+        out[rows] = _decode_attention(
+            q[rows], k_cache, v_cache, [meta.context_lens[i] for i in single],
+            meta.context_lens_t[seqs], meta.block_tables[seqs], scale,
+        )  # fmt: skip
+    else:
+        single = []
+    for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens, meta.context_lens, strict=True)):
+        if q_len > 0 and (q_len > 1 or not single):
+            start = starts[i]
+            out[start : start + q_len] = _prefill_one(
+                q[start : start + q_len], k_cache, v_cache, meta.block_tables[i : i + 1], ctx_len, scale
+            )
+    return out
 
 
 def _decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    context_lens: list[int],
+    context_lens_t: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     # One query per sequence: gather every sequence's context padded to the longest and mask the padding,
     # so the whole batch is one SDPA call instead of B small ones.
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    max_len = max(meta.context_lens)
-    k = gather_kv(k_cache, meta.block_tables, max_len, "k").transpose(1, 2)  # [B, Hkv, L, D]
-    v = gather_kv(v_cache, meta.block_tables, max_len, "v").transpose(1, 2)
+    max_len = max(context_lens)
+    k = gather_kv(k_cache, block_tables, max_len, "k").transpose(1, 2)  # [B, Hkv, L, D]
+    v = gather_kv(v_cache, block_tables, max_len, "v").transpose(1, 2)
     qg = q.view(num_seqs, num_kv_heads, group, head_dim).to(k.dtype)
-    if min(meta.context_lens) == max_len:
+    if min(context_lens) == max_len:
         mask = None
     else:
         positions = torch.arange(max_len, device=q.device)
-        mask = (positions[None, :] < meta.context_lens_t[:, None]).view(num_seqs, 1, 1, max_len)
+        mask = (positions[None, :] < context_lens_t[:, None]).view(num_seqs, 1, 1, max_len)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
-def _prefill_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+def _prefill_one(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    ctx_len: int,
+    scale: float,
 ) -> torch.Tensor:
-    num_heads, head_dim = q.shape[1:]
+    """One sequence's q_len new tokens [q_len, Hq, D] against its ctx_len cached tokens."""
+    q_len, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
-    start = 0
-    for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens, meta.context_lens, strict=True)):
-        end = start + q_len
-        k = gather_kv(k_cache, meta.block_tables[i : i + 1], ctx_len, "k")[0].transpose(0, 1)  # [Hkv, L, D]
-        v = gather_kv(v_cache, meta.block_tables[i : i + 1], ctx_len, "v")[0].transpose(0, 1)
-        # [q_len, Hq, D] -> [Hkv, group * q_len, D]: rows ordered (group member, token).
-        qi = q[start:end].view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-        qi = qi.reshape(num_kv_heads, group * q_len, head_dim).to(k.dtype)
-        # New token j sits at position ctx_len - q_len + j and sees keys up to and including itself.
-        q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
-        mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]  # [q_len, L]
-        mask = mask.repeat(group, 1)
-        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale)
-        out[start:end] = o.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3).flatten(1, 2)
-        start = end
-    return out
+    k = gather_kv(k_cache, block_table, ctx_len, "k")[0].transpose(0, 1)  # [Hkv, L, D]
+    v = gather_kv(v_cache, block_table, ctx_len, "v")[0].transpose(0, 1)
+    # [q_len, Hq, D] -> [Hkv, group * q_len, D]: rows ordered (group member, token).
+    qi = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    qi = qi.reshape(num_kv_heads, group * q_len, head_dim).to(k.dtype)
+    # New token j sits at position ctx_len - q_len + j and sees keys up to and including itself.
+    q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
+    mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]  # [q_len, L]
+    o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask.repeat(group, 1), scale=scale)
+    return o.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3).flatten(1, 2).to(q.dtype)

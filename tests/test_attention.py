@@ -86,7 +86,8 @@ CASES = {
     "decode_batch": ([1, 1, 1], [5, 9, 1]),  # the vectorized path with padding and a 1-token context
     "decode_equal": ([1, 1], [8, 8]),  # the unmasked branch
     "chunk_after_prefix": ([3], [10]),
-    "mixed": ([4, 1, 6, 1], [4, 13, 9, 2]),
+    "mixed": ([4, 1, 6, 1], [4, 13, 9, 2]),  # decodes batched, chunks looped
+    "mixed_one_decode": ([5, 1], [8, 3]),  # a lone decode goes through the loop
 }
 
 

@@ -282,3 +282,13 @@ def test_make_hf_checkpoint_is_reproducible(tmp_path):
     b = load_file(make_hf_checkpoint(tmp_path / "b", "qwen2") / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert "model.layers.0.self_attn.q_proj.bias" in a
+
+
+def test_attention_backend_choice():
+    from engine.attention import paged_attention
+    from engine.loader import choose_attention_fn
+
+    assert choose_attention_fn(CPU) is paged_attention
+    assert choose_attention_fn(CPU, use_triton=False) is paged_attention
+    model, _, _ = load_model("tiny", CPU, torch.float32, use_triton=False)
+    assert model.attention_fn is paged_attention
