@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model import AttentionFn, CausalLM, ModelConfig
+from engine.model import ARCH_BY_MODEL_TYPE, AttentionFn, CausalLM, ModelConfig, rope_inv_freq
 from engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def load_model(
 
     with torch.device("meta"):
         lm = CausalLM(cfg, attention_fn)
-    lm = lm.to_empty(device=device).to(dtype)
+    lm = lm.to(dtype).to_empty(device=device)  # cast while still on meta: no full-size float32 copy
     if cfg.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
         lm.lm_head.weight = lm.model.embed_tokens.weight
     load_weights(lm, files)
@@ -112,10 +112,9 @@ def read_hf_config(folder: Path) -> ModelConfig:
     if not path.is_file():
         raise ModelLoadError(f"{folder}: missing config.json (is this a Hugging Face checkpoint folder?)")
     raw = json.loads(path.read_text())
-    archs = raw.get("architectures") or [raw.get("model_type", "<none>")]
-    if archs[0] not in SUPPORTED_ARCHITECTURES and raw.get("model_type") not in (
-        "llama", "mistral", "qwen2", "qwen3",
-    ):  # fmt: skip
+    # `architectures` decides; model_type only stands in when it is absent (some hand-written configs).
+    archs = raw.get("architectures") or [ARCH_BY_MODEL_TYPE.get(raw.get("model_type", ""), raw.get("model_type"))]
+    if archs[0] not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"{folder}: unsupported architecture {archs[0]!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
@@ -123,8 +122,6 @@ def read_hf_config(folder: Path) -> ModelConfig:
         raise ModelLoadError(f"{folder}: only SwiGLU MLPs without bias are supported")
     try:
         cfg = ModelConfig.from_hf_config(raw)
-        from engine.model import rope_inv_freq
-
         rope_inv_freq(cfg)  # validates rope_type
     except (KeyError, ValueError) as e:
         raise ModelLoadError(f"{folder}: bad config.json: {e}") from e

@@ -46,7 +46,7 @@ class ModelConfig:
     def from_hf_config(cls, cfg: dict) -> ModelConfig:
         """Read a Hugging Face config.json (transformers v4 `rope_scaling` or v5 `rope_parameters`)."""
         archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(cfg.get("model_type", ""), "")
+        arch = archs[0] if archs else ARCH_BY_MODEL_TYPE.get(cfg.get("model_type", ""), "")
         heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
 
@@ -94,7 +94,7 @@ class ModelConfig:
         )
 
 
-_ARCH_BY_MODEL_TYPE = {
+ARCH_BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
