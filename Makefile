@@ -22,6 +22,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+capacity: $(STAMP)
+	$(BIN)/slobench capacity scenarios/chat.yaml
+
 demo: $(STAMP)
 	$(BIN)/slobench generate "The quick brown fox" --max-tokens 32
 
