@@ -80,6 +80,8 @@ def load_model(
     if not (folder / "tokenizer.json").is_file():
         raise ModelLoadError(f"{folder}: missing tokenizer.json (only fast `tokenizers` files are supported)")
     tokenizer = HFTokenizer(folder)
+    # transformers stops on config.json's eos ids too when generation_config.json does not list them.
+    tokenizer.eos_token_ids += [t for t in cfg.eos_token_ids if t not in tokenizer.eos_token_ids]
     files = weight_files(folder)
 
     with torch.device("meta"):

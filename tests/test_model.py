@@ -292,3 +292,9 @@ def test_attention_backend_choice():
     assert choose_attention_fn(CPU, use_triton=False) is paged_attention
     model, _, _ = load_model("tiny", CPU, torch.float32, use_triton=False)
     assert model.attention_fn is paged_attention
+
+
+def test_loader_stops_on_config_eos_ids_too(hf_checkpoint_factory):
+    folder = hf_checkpoint_factory("llama", eos_token_id=[1, 5])
+    _, cfg, tok = load_model(str(folder), CPU, torch.float32)
+    assert cfg.eos_token_ids == [1, 5] and tok.eos_token_ids == [1, 5]
