@@ -139,6 +139,9 @@ def test_config_reads_v4_and_v5_rope_layouts():
     scaled = rope_inv_freq(v4)
     assert torch.equal(scaled[0], plain[0]) and torch.allclose(scaled[-1], plain[-1] / 8)  # high kept, low slowed
 
+    with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
+        rope_inv_freq(ModelConfig.from_hf_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
+
     mistral = ModelConfig.from_hf_config({**base, "architectures": ["MistralForCausalLM"], "sliding_window": 256})
     assert mistral.max_position_embeddings == 256  # no sliding window kernel: capped at the window
     qwen2 = ModelConfig.from_hf_config({**base, "architectures": ["Qwen2ForCausalLM"], "eos_token_id": [5, 6]})
