@@ -513,3 +513,24 @@ def test_engine_failure_fails_requests_in_flight_and_server_recovers():
         assert_clean(server)
     finally:
         server.stop()
+
+
+def test_chat_uses_the_checkpoints_template(hf_checkpoint):
+    """A Hugging Face folder's tokenizer_config.json template, tokenized exactly as transformers does."""
+    transformers = pytest.importorskip("transformers")
+    server = BackgroundServer(Engine(EngineConfig(model=str(hf_checkpoint), max_model_len=256))).start()
+    try:
+        messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+        hf_tok = transformers.AutoTokenizer.from_pretrained(str(hf_checkpoint))
+        ids = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        assert ids.count(hf_tok.bos_token_id) == 1  # the template writes <s>; nobody adds a second
+        c = client(server)
+        model = c.models.list().data[0].id
+        r = c.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0)
+        assert r.usage.prompt_tokens == len(ids)
+        full = c.completions.create(model=model, prompt=ids, max_tokens=6, temperature=0)
+        assert r.choices[0].message.content == full.choices[0].text
+        assert_clean(server)
+    finally:
+        server.stop()
