@@ -110,7 +110,7 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         self.model, self.model_config, self.tokenizer = load_model(
-            config.model, self.device, self.dtype, config.seed
+            config.model, self.device, self.dtype, config.seed, use_triton=config.use_triton
         )
         self.model_name = config.model
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
