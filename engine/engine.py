@@ -91,6 +91,7 @@ class EngineStats:
     admission_rejections: dict[str, int]
     waiting_by_tier: dict[str, int]
     running_by_tier: dict[str, int]
+    kv_usage_by_tier: dict[str, float]  # blocks referenced by the tier's running sequences / all blocks
     steps: int
     schedule_time_s: float  # in the scheduler, cumulative
     process_time_s: float  # sampling bookkeeping, stop checks, detokenizing, outputs, cumulative
@@ -98,6 +99,17 @@ class EngineStats:
 
 
 _request_ids = itertools.count()
+
+
+def stop_prefix_overlap(text: str, stops: list[str]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:k]):
+                best = k
+                break
+    return best
 
 
 class Engine:
@@ -333,10 +345,14 @@ class Engine:
         completions = []
         for seq in request.seqs:
             new_ids = seq.output_ids[seq.num_emitted_tokens :]
-            new_text = seq.text[seq.emitted_text_len :]
+            visible = len(seq.text)
+            if not seq.is_finished:
+                # Hold back a tail that may still grow into a stop string: it must never be streamed.
+                visible -= stop_prefix_overlap(seq.text, seq.params.stop)
+            new_text = seq.text[seq.emitted_text_len : visible]
             seq.num_emitted_tokens = seq.num_output_tokens
-            seq.emitted_text_len = len(seq.text)
-            completions.append(CompletionOutput(seq.index, list(seq.output_ids), seq.text, new_ids,
+            seq.emitted_text_len = max(seq.emitted_text_len, visible)
+            completions.append(CompletionOutput(seq.index, list(seq.output_ids), seq.text[:visible], new_ids,
                                                 new_text, seq.finish_reason))
         return RequestOutput(request.request_id, request.tier, request.prompt_ids, completions, finished,
                              self._timing(request) if finished else None,
@@ -383,8 +399,11 @@ class Engine:
             kv = self.block_manager.stats()
             sched = self.scheduler
             running_by_tier = dict.fromkeys(TIERS, 0)
+            blocks_by_tier: dict[str, set[int]] = {t: set() for t in TIERS}
             for request in sched.running:
                 running_by_tier[request.tier] += sum(not s.is_finished for s in request.seqs)
+                for seq in request.seqs:
+                    blocks_by_tier[request.tier].update(self.block_manager.tables.get(seq.seq_id, ()))
             num_running = sum(running_by_tier.values())
             return EngineStats(
                 kv_usage=kv.usage,
@@ -403,6 +422,7 @@ class Engine:
                 admission_rejections=dict(self.admission_rejections),
                 waiting_by_tier={t: len(sched.waiting[t]) + self._pending_by_tier[t] for t in TIERS},
                 running_by_tier=running_by_tier,
+                kv_usage_by_tier={t: len(b) / kv.num_blocks for t, b in blocks_by_tier.items()},
                 steps=sched.step_count,
                 schedule_time_s=self._schedule_time,
                 process_time_s=self._process_time,

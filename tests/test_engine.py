@@ -216,3 +216,28 @@ def test_timing_is_consistent():
     assert t.queue_ms >= 0 and t.prefill_ms > 0 and t.decode_ms > 0
     assert t.arrival_time <= t.first_scheduled_time <= t.first_token_time <= t.finished_time
     assert len(t.token_times) == 5
+
+
+def test_streamed_text_never_shows_a_stop_string():
+    engine = make_engine()
+    base = engine.generate("abc", SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0].text
+    clean = [i for i in range(4, 16) if "\ufffd" not in base[i : i + 3]]
+    assert clean, "the tiny model's greedy text should have a plain stretch to use as a stop string"
+    stop = base[clean[0] : clean[0] + 3]
+    rid = engine.add_request("abc", SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[stop]))
+    streamed, final = "", None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == rid:
+                streamed += out.outputs[0].new_text
+                final = out
+    assert final.finished and final.outputs[0].finish_reason == "stop"
+    assert streamed == final.text == base[: base.find(stop)]
+
+
+def test_stop_prefix_overlap():
+    from engine.engine import stop_prefix_overlap
+
+    assert stop_prefix_overlap("hello wor", ["world"]) == 3
+    assert stop_prefix_overlap("hello", ["world", "lo!"]) == 2
+    assert stop_prefix_overlap("hello", []) == 0
