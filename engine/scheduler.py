@@ -35,8 +35,6 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     ops: BlockOps = field(default_factory=BlockOps)
-    num_swapped_out: int = 0
-    num_recomputed: int = 0
     preempted: set[str] = field(default_factory=set)  # request ids
 
     @property
@@ -182,7 +180,6 @@ class Scheduler:
             for seq in self._live_seqs(request):
                 seq.status = SeqStatus.SWAPPED
             self.swapped[request.tier].append(request)
-            out.num_swapped_out += 1
             self.num_swap_outs += 1
             return
         for seq in self._live_seqs(request):
@@ -191,7 +188,6 @@ class Scheduler:
             seq.num_cached_prefix = 0
             seq.status = SeqStatus.WAITING
         self.waiting[request.tier].appendleft(request)
-        out.num_recomputed += 1
 
     def _relieve_watermark(self, out: SchedulerOutput) -> None:
         """Above the KV watermark, move the lowest-tier, longest-idle requests out (keep at least one)."""
