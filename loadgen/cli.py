@@ -3,6 +3,8 @@
     slobench run SCENARIO.yaml [--target URL]            a fixed load from a scenario file
     slobench replay TRACE [--format F] [--time-scale X]  replay a real trace
     slobench summarize RUN_DIR [--goodput ttft:MS ...]   rebuild summary.json from a run folder
+    slobench report RUN_DIR [RUN_B] [-o FILE]            report.html from a run folder (or A vs B)
+    slobench gate RUN_DIR --baseline B [--rules R]       CI gate: exit 0 pass, 1 regression, 2 bad input
     slobench mock-server [--ttft-ms --itl-ms --tokens]   a mock target with exact timing
     slobench serve ...                                    the reference engine's server
     slobench generate PROMPT                              one offline generation with the engine
@@ -68,6 +70,7 @@ def _common_run_args(p: argparse.ArgumentParser) -> None:
                    help="option for the embedded engine server (repeatable), e.g. max_num_seqs=8")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     p.add_argument("--no-scrape", action="store_true", help="do not poll the target's /metrics")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html and requests.parquet")
     p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
 
 
@@ -111,6 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lateness-bound-ms", type=float, default=10.0)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("report", help="write report.html for a run folder, or compare two runs")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_b", type=Path, nargs="?", help="a second run: compare RUN_DIR (A) with it (B)")
+    p.add_argument("-o", "--output", type=Path,
+                   help="output file (default: RUN_DIR/report.html; RUN_B/compare-A.html when comparing)")
+    p.add_argument("--no-export", action="store_true", help="do not write requests.parquet / requests.csv")
+
+    p = sub.add_parser("gate", help="compare a run with a baseline: exit 0 pass, 1 regression, 2 bad input")
+    p.add_argument("run_dir", help="run folder (or its summary.json)")
+    p.add_argument("--baseline", required=True, help="baseline summary .json or run folder")
+    p.add_argument("--rules", help="rules YAML (default: noise-aware defaults, see loadgen/gate.py)")
+    p.add_argument("--junit", help="write JUnit XML here, one testcase per rule")
+
     p = sub.add_parser("mock-server", help="a mock OpenAI-compatible target with exact timing")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -137,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(argv[1:])
         args = build_parser().parse_args(argv)
         return {"run": cmd_run, "replay": cmd_replay, "summarize": cmd_summarize,
-                "mock-server": cmd_mock_server, "generate": cmd_generate}[args.cmd](args)
+                "mock-server": cmd_mock_server, "generate": cmd_generate,
+                "report": cmd_report, "gate": cmd_gate}[args.cmd](args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -301,6 +318,10 @@ def _execute(args, specs, *, name, target, model, engine_opts, goodput_cfg, tier
         if engine:
             engine.stop()
     _print_summary(result.summary, result.run_dir, args.json)
+    if not args.no_report:
+        from .report import auto_report
+
+        auto_report(result.run_dir)
     if not result.stopped and result.summary.get("requests") and not result.summary.get("completed"):
         examples = "; ".join(result.summary.get("error_examples") or [])
         print(f"error: no request succeeded ({examples})", file=sys.stderr)
@@ -336,6 +357,27 @@ def cmd_summarize(args) -> int:
     (args.run_dir / "summary.json").write_text(json.dumps(s, indent=2, default=float) + "\n")
     _print_summary(s, args.run_dir, args.json)
     return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from .report import write_compare, write_report
+    from .report.data import RunDataError
+
+    try:
+        if args.run_b is not None:
+            path = write_compare(args.run_dir, args.run_b, args.output)
+        else:
+            path = write_report(args.run_dir, args.output, export=not args.no_export)
+    except RunDataError as e:
+        raise UsageError(str(e)) from None
+    print(f"report: {path}")
+    return EXIT_OK
+
+
+def cmd_gate(args) -> int:
+    from .gate import main as gate_main
+
+    return gate_main(args.run_dir, args.baseline, args.rules, args.junit, sys.stdout, sys.stderr)
 
 
 def _fmt(v) -> str:

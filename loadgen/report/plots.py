@@ -1,0 +1,246 @@
+"""The report's figures, built with plotly (rendered in the page by the plotly.js bundle inlined once).
+
+Each builder returns a ``go.Figure`` or ``None`` when the run has nothing to show for it (a fixed-load
+run has no load axis; a run with no successful request has no latency distribution), and the page says
+why instead of drawing an empty frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from . import data as d
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+TIER_ORDER = ("premium", "standard", "basic")
+PARTS = (("queue_ms", "queue", "#9467bd"), ("prefill_ms", "prefill", "#1f77b4"),
+         ("network_ms", "network + frontend", "#bcbd22"), ("decode_ms", "decode", "#2ca02c"))
+LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=40, b=50),
+              legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0))
+
+
+
+def _tier_sort(tiers) -> list[str]:
+    return sorted(tiers, key=lambda t: (TIER_ORDER.index(t) if t in TIER_ORDER else len(TIER_ORDER), t))
+
+
+def tier_colors(tiers) -> dict[str, str]:
+    return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(_tier_sort(tiers))}
+
+
+def _fig(title: str, **layout) -> go.Figure:
+    f = go.Figure()  # the page's section heading is the title; ``title`` names the figure for screen readers
+    f.update_layout(meta={"title": title}, **{**LAYOUT, **layout})
+    return f
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def load_vs_ttft(run: d.RunData, steps: list[dict]) -> go.Figure | None:
+    """p50 and p99 TTFT per tier against the load of each step, with the SLO lines and rated capacity."""
+    pts = [s for s in steps if _num(s.get("load")) is not None]
+    if len(pts) < 2 and not run.is_capacity:
+        return None
+    if not pts:
+        return None
+    pts.sort(key=lambda s: s["load"])
+    _, xlabel = d.load_axis(run)
+    tiers = _tier_sort({t for s in pts for t in (s.get("tiers") or {})})
+    colors = tier_colors(tiers)
+    f = _fig("TTFT against load", xaxis_title=xlabel, yaxis_title="TTFT (ms)")
+    for tier in tiers:
+        rows = [(s["load"], (s["tiers"] or {}).get(tier) or {}, s) for s in pts]
+        for q, dash in (("p50", "dot"), ("p99", "solid")):
+            xs, ys, text = [], [], []
+            for load, e, s in rows:
+                y = _num(e.get(f"{q}_ttft_ms"))
+                if y is None:
+                    continue
+                xs.append(load)
+                ys.append(y)
+                verdict = {True: "pass", False: "FAIL", None: "-"}[e.get("passed")]
+                text.append(f"step {s.get('index')} ({s.get('phase', '')}) {verdict}")
+            if xs:
+                f.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{tier} {q}", text=text,
+                                       line=dict(color=colors[tier], dash=dash),
+                                       hovertemplate="%{x:.3g}: %{y:.1f} ms<br>%{text}<extra>%{fullData.name}"
+                                                     "</extra>"))
+        lo = [(s["load"], _num(((s["tiers"] or {}).get(tier) or {}).get("ci_low_ms")),
+               _num(((s["tiers"] or {}).get(tier) or {}).get("ci_high_ms"))) for s in pts]
+        lo = [r for r in lo if r[1] is not None and r[2] is not None]
+        if lo:
+            f.add_trace(go.Scatter(x=[r[0] for r in lo], y=[(r[1] + r[2]) / 2 for r in lo], mode="markers",
+                                   marker=dict(size=1, color=colors[tier]), showlegend=False, hoverinfo="skip",
+                                   error_y=dict(type="data", symmetric=False,
+                                                array=[(r[2] - r[1]) / 2 for r in lo],
+                                                arrayminus=[(r[2] - r[1]) / 2 for r in lo], color=colors[tier])))
+    for tier, slo in (run.summary.get("slo") or {}).items():
+        thr = _num(slo.get("threshold_ms")) if isinstance(slo, dict) else None
+        if thr is not None:
+            q = slo.get("quantile", 0.99)
+            f.add_hline(y=thr, line=dict(color=colors.get(str(tier), "#555"), dash="dash", width=1),
+                        annotation_text=f"{tier} SLO p{100 * float(q):g} ≤ {thr:g} ms",
+                        annotation_position="top left")
+    rated, spec = d.rated_load(run)
+    if _num(rated) is not None:
+        f.add_vline(x=rated, line=dict(color="#000", width=2), annotation_text=f"rated {rated:.3g}",
+                    annotation_position="top right")
+    if _num(spec) is not None:
+        f.add_vline(x=spec, line=dict(color="#000", width=1, dash="dot"), annotation_text=f"spec {spec:.3g}",
+                    annotation_position="bottom right")
+    return f
+
+
+def breakdown(run: d.RunData, steps: list[dict]) -> go.Figure | None:
+    """Mean queue / prefill / network / decode time per step, stacked."""
+    rows = [s for s in steps if isinstance(s.get("breakdown"), dict)
+            and any(_num(s["breakdown"].get(k)) is not None for k, _, _ in PARTS)]
+    if not rows:
+        return None
+    rows.sort(key=lambda s: (_num(s.get("load")) is None, _num(s.get("load")) or 0, s.get("index", 0)))
+    labels = [f"{s.get('load'):.3g}" if _num(s.get("load")) is not None else f"step {s.get('index')}"
+              for s in rows]
+    labels = [f"#{s.get('index')} @ {lab}" for s, lab in zip(rows, labels, strict=True)]
+    _, xlabel = d.load_axis(run)
+    f = _fig("Where the time goes, per load step (means)", barmode="stack", xaxis_title=f"step @ {xlabel}",
+             yaxis_title="ms", xaxis_type="category")
+    sources = {str(s["breakdown"].get("source")) for s in rows}
+    for key, name, color in PARTS:
+        ys = [_num(s["breakdown"].get(key)) for s in rows]
+        if any(y is not None for y in ys):
+            f.add_trace(go.Bar(x=labels, y=[y or 0 for y in ys], name=name, marker_color=color,
+                               hovertemplate="%{y:.1f} ms<extra>" + name + "</extra>"))
+    f.update_layout(meta={"title": "Where the time goes", "source": ", ".join(sorted(sources))})
+    return f
+
+
+def cdf(run: d.RunData, what: str) -> go.Figure | None:
+    """TTFT or inter-token latency CDF per tier."""
+    ok = run.ok
+    if ok.empty:
+        return None
+    tiers = _tier_sort(ok["tier"].unique())
+    colors = tier_colors(tiers)
+    title = {"ttft": "TTFT distribution per tier", "itl": "Inter-token latency distribution per tier"}[what]
+    f = _fig(title, xaxis_title=f"{what.upper()} (ms)", yaxis_title="fraction of requests" if what == "ttft"
+             else "fraction of token gaps", yaxis_range=[0, 1.01])
+    drawn = 0
+    for tier in tiers:
+        g = ok[ok["tier"] == tier]
+        vals = g["ttft_ms"].to_numpy() if what == "ttft" else d.itl_ms(g)
+        xs, ys = d.ecdf(vals)
+        if xs:
+            drawn += 1
+            f.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{tier} (n={len(vals)})",
+                                   line=dict(color=colors[tier], shape="hv"),
+                                   hovertemplate="%{x:.2f} ms: %{y:.3f}<extra>" + tier + "</extra>"))
+    if not drawn:
+        return None
+    for tier, slo in (run.summary.get("slo") or {}).items():
+        thr = _num(slo.get("threshold_ms")) if isinstance(slo, dict) else None
+        if what == "ttft" and thr is not None:
+            f.add_vline(x=thr, line=dict(color=colors.get(str(tier), "#555"), dash="dash", width=1),
+                        annotation_text=f"{tier} SLO", annotation_position="bottom right")
+    return f
+
+
+HEALTH_ROWS = (("ttft", "TTFT (ms)"), ("token_rate", "output tokens/s"), ("kv_usage", "KV usage (%)"),
+               ("batch_fill", "batch fill ratio"), ("rejections", "admission rejections/s"))
+
+
+def health(run: d.RunData) -> tuple[go.Figure | None, list[str]]:
+    """The five service-health signals over the run, one panel each; also the names of the signals with
+    no data (said in the page)."""
+    sig = d.health(run)
+    missing = [label for key, label in HEALTH_ROWS if not sig[key]]
+    if len(missing) == len(HEALTH_ROWS):
+        return None, missing
+    f = make_subplots(rows=len(HEALTH_ROWS), cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                      subplot_titles=[label + ("" if sig[key] else " — no data") for key, label in HEALTH_ROWS])
+    legends = {}
+    for row, (key, label) in enumerate(HEALTH_ROWS, start=1):
+        lg = "legend" if row == 1 else f"legend{row}"
+        for i, (name, (xs, ys)) in enumerate(sig[key].items()):
+            f.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, legend=lg,
+                                   line=dict(color=PALETTE[i % len(PALETTE)], width=1.5),
+                                   hovertemplate="t=%{x:.1f}s: %{y:.3g}<extra>%{fullData.name}</extra>"),
+                        row=row, col=1)
+        domain = f.layout["yaxis" if row == 1 else f"yaxis{row}"].domain
+        legends[lg] = dict(x=1.01, xanchor="left", y=domain[1], yanchor="top", font=dict(size=11),
+                           bgcolor="rgba(255,255,255,0.6)")
+        f.update_yaxes(title_text=label.split(" (")[-1].rstrip(")") if "(" in label else "", row=row, col=1)
+    for k, (stage, a, _) in enumerate(d.step_spans(run)):
+        f.add_vline(x=a, line=dict(color="#aaa", width=1, dash="dot"))
+        if k < 40:
+            f.add_annotation(x=a, y=1.0, yref="paper", text=f"#{stage}", showarrow=False, xanchor="left",
+                             font=dict(size=9, color="#888"))
+    f.update_xaxes(title_text="seconds since the run start", row=len(HEALTH_ROWS), col=1)
+    f.update_layout(meta={"title": "Service health over the run"}, showlegend=True,
+                    **{**LAYOUT, "height": 230 * len(HEALTH_ROWS), "margin": dict(l=60, r=200, t=40, b=50),
+                       **legends})
+    return f, missing
+
+
+# ------------------------------------------------------------------ comparison
+
+
+def compare_cdf(runs: Sequence[d.RunData], what: str = "ttft") -> go.Figure | None:
+    f = _fig(f"{what.upper()} distribution: A vs B (all tiers)", xaxis_title=f"{what.upper()} (ms)",
+             yaxis_title="fraction", yaxis_range=[0, 1.01])
+    drawn = 0
+    for run, label, dash in zip(runs, ("A", "B"), ("dash", "solid"), strict=False):
+        ok = run.ok
+        vals = (ok["ttft_ms"].to_numpy() if what == "ttft" else d.itl_ms(ok)) if not ok.empty else []
+        xs, ys = d.ecdf(vals)
+        if xs:
+            drawn += 1
+            f.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{label}: {run.run_id}",
+                                   line=dict(dash=dash, shape="hv")))
+    return f if drawn else None
+
+
+def compare_load(runs: Sequence[d.RunData], steps: Sequence[list[dict]]) -> go.Figure | None:
+    f = _fig("p99 TTFT against load: A vs B", yaxis_title="p99 TTFT (ms)",
+             xaxis_title=d.load_axis(runs[0])[1])
+    drawn = 0
+    for k, (run, st, label) in enumerate(zip(runs, steps, ("A", "B"), strict=False)):
+        pts = sorted((s for s in st if _num(s.get("load")) is not None), key=lambda s: s["load"])
+        if len(pts) < 2:
+            continue
+        for j, tier in enumerate(_tier_sort({t for s in pts for t in (s.get("tiers") or {})})):
+            xs = [s["load"] for s in pts if _num(((s["tiers"] or {}).get(tier) or {}).get("p99_ttft_ms")) is not None]
+            ys = [s["tiers"][tier]["p99_ttft_ms"] for s in pts
+                  if _num(((s["tiers"] or {}).get(tier) or {}).get("p99_ttft_ms")) is not None]
+            if xs:
+                drawn += 1
+                f.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{label} {tier}",
+                                       line=dict(color=PALETTE[j % len(PALETTE)], dash="dash" if k == 0 else "solid")))
+        rated, _ = d.rated_load(run)
+        if _num(rated) is not None:
+            f.add_vline(x=rated, line=dict(dash="dash" if k == 0 else "solid", color="#000", width=1),
+                        annotation_text=f"{label} rated {rated:.3g}")
+    return f if drawn else None
+
+
+def compare_breakdown(runs: Sequence[d.RunData], steps: Sequence[list[dict]], rated_index) -> go.Figure | None:
+    """Stacked breakdown of A and B side by side, at each run's rated step (or its only step)."""
+    xs, parts = [], {k: [] for k, _, _ in PARTS}
+    for run, st, label in zip(runs, steps, ("A", "B"), strict=False):
+        s = rated_index(run, st)
+        if s is None or not isinstance(s.get("breakdown"), dict):
+            continue
+        xs.append(f"{label}: {run.run_id} (step {s.get('index')})")
+        for k in parts:
+            parts[k].append(_num(s["breakdown"].get(k)) or 0.0)
+    if not xs or not any(any(v) for v in parts.values()):
+        return None
+    f = _fig("Where the time goes: A vs B (means at the rated or only step)", barmode="stack",
+             yaxis_title="ms", xaxis_type="category")
+    for key, name, color in PARTS:
+        f.add_trace(go.Bar(x=xs, y=parts[key], name=name, marker_color=color))
+    return f
