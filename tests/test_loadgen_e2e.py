@@ -64,9 +64,13 @@ def test_run_scenario_against_the_mock_server(mock_server, tmp_path):
         assert x["first_token_s"] == x["token_s"][0]
         # the mock's first token comes 40 ms after arrival, the next ones 5 ms apart
         assert x["first_token_s"] - x["scheduled_s"] >= 0.039
-        assert x["token_s"][-1] - x["token_s"][0] >= 0.025  # 7 gaps of 5 ms, give or take timer resolution
+        assert x["token_s"] == sorted(x["token_s"])
         assert x["scheduled_s"] <= x["sent_s"] <= x["first_token_s"] <= x["done_s"]
         assert x["server"]["prefill_ms"] == 40 and x["tier"] in ("premium", "basic")
+    # 7 gaps of 5 ms between first and last token. A client starved of CPU may read several chunks in one
+    # go and stamp them alike, so judge the typical request, not every one.
+    spreads = sorted(x["token_s"][-1] - x["token_s"][0] for x in recs)
+    assert spreads[len(spreads) // 2] >= 0.025
     summary = json.loads((run / "summary.json").read_text())
     assert summary["completed"] == 60 and summary["request_goodput"] > 0 and summary["valid"]
     assert summary["tiers"]["premium"]["slo_attainment"] == 1.0
