@@ -63,6 +63,8 @@ def _common_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reports", default="reports", help="folder for run folders (default: reports)")
     p.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs for goodput, e.g. ttft:300 tpot:50")
     p.add_argument("--workers", type=int, help="replayer processes the schedule is sharded over")
+    p.add_argument("--driver", choices=("aiohttp", "locust"), default="aiohttp",
+                   help="load generator: the aiohttp replayer (default) or Locust (--workers: its processes)")
     p.add_argument("--max-connections", type=int, help="cap on open connections (default: unlimited)")
     p.add_argument("--lateness-bound-ms", type=float,
                    help="p99 client lateness above which the run is invalid")
@@ -302,7 +304,7 @@ def _execute(args, specs, *, name, target, model, engine_opts, goodput_cfg, tier
             run_dir=run_dir,
             client=ClientConfig(target.rstrip("/"), model=model, max_connections=max_conn,
                                 read_timeout_s=read_timeout),
-            workers=workers, concurrency=concurrency, scrape=not args.no_scrape,
+            workers=workers, driver=args.driver, concurrency=concurrency, scrape=not args.no_scrape,
             progress=not args.no_progress and sys.stderr.isatty(), goodput=goodput, tier_slos=tier_slos,
             lateness_bound_ms=lateness, watch=engine.died if engine else None,
             meta={**meta, "engine": engine_opts if engine else None},

@@ -33,6 +33,7 @@ class RunOptions:
     run_dir: Path
     client: ClientConfig
     workers: int = 1
+    driver: str = "aiohttp"  # or "locust" (loadgen/locust: the same records through a Locust process)
     concurrency: int = 0  # > 0: closed loop with this many users
     scrape: bool = True
     progress: bool = True
@@ -62,7 +63,12 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
         p.unlink(missing_ok=True)
     config = {"target": opts.client.target, "client": asdict(opts.client), "workers": opts.workers,
               "concurrency": opts.concurrency, "requests_planned": len(specs), **opts.meta}
-    if opts.workers > 1:
+    if opts.driver == "locust":
+        from .locust.driver import run_locust
+
+        config["driver"] = "locust"
+        stopped, model = run_locust(specs, opts, req_path, met_path)
+    elif opts.workers > 1:
         stopped, model = _sharded(specs, opts, req_path, met_path)
     else:
         stopped, model = run_sync(lambda: _single(specs, opts, req_path, met_path))

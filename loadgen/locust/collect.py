@@ -1,0 +1,181 @@
+"""Record gathering and the SLO judgement, on the master (no Locust import).
+
+Each process that sends requests keeps a :class:`Tally` (counters plus an outbox of finished records as
+``requests.jsonl`` lines). A worker empties it into every report it sends to the master
+(``events.report_to_master``); the master feeds each report to its :class:`Collector`
+(``events.worker_report``), which appends the lines to ``requests.jsonl``, sums the counters over
+workers, and judges each stage's TTFT SLO from the records themselves. In a single process the
+collector takes the local tally directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .plan import Plan
+
+COUNTERS = ("sent", "done", "in_flight", "ok", "errors", "output_tokens")
+
+
+@dataclass(slots=True)
+class Tally:
+    """One sending process's counters and finished records not yet handed on."""
+
+    sent: int = 0
+    done: int = 0
+    in_flight: int = 0
+    ok: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    late_max_ms: float = 0.0
+    finished: bool = False  # this process will send nothing more
+    sent_by_stage: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    outbox: list[str] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        """Counters (cumulative) and the records finished since the last report (drained)."""
+        lines, self.outbox = self.outbox, []
+        return {"counters": {k: getattr(self, k) for k in COUNTERS}, "late_max_ms": self.late_max_ms,
+                "finished": self.finished, "sent_by_stage": dict(self.sent_by_stage), "records": lines}
+
+
+@dataclass(slots=True)
+class TierJudgement:
+    tier: str
+    threshold_ms: float
+    n: int
+    value_ms: float | None  # the quantile; None when no request, inf as None too (see ``broken``)
+    broken: bool
+    certain: bool  # decided before the stage's requests were all in: over-threshold count already too high
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tier": self.tier, "threshold_ms": self.threshold_ms, "n": self.n, "value_ms": self.value_ms,
+                "broken": self.broken, "certain": self.certain}
+
+
+def quantile(values: list[float], q: float) -> float:
+    """numpy's linear interpolation (as ``p99_ttft_ms`` in the summary); ``inf`` when it reaches a
+    failed request."""
+    v = np.sort(np.asarray(values, dtype=float))
+    pos = q * (v.size - 1)
+    lo, hi = int(math.floor(pos)), int(math.ceil(pos))
+    if not math.isfinite(v[hi]):
+        return math.inf
+    return float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
+
+
+class Collector:
+    """The master's view: every record (written to ``requests.jsonl`` as it arrives), counters summed
+    over the sending processes, and per-stage TTFT samples for the SLO."""
+
+    def __init__(self, out_dir: str | Path, plan: Plan, quantile_: float = 0.99, warmup_s: float = 0.0):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.req_path = self.out_dir / "requests.jsonl"
+        self.req_path.unlink(missing_ok=True)
+        self._fd = os.open(self.req_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.plan = plan
+        self._stages = {st.index: st for st in plan.stages}
+        self.q = quantile_
+        self.warmup_s = warmup_s
+        self.gathered = 0
+        self.gathered_by_stage: dict[int, int] = defaultdict(int)
+        self.nodes: dict[str, dict[str, Any]] = {}
+        # stage -> tier -> TTFT ms of judged requests (inf: failed before a first token)
+        self.ttft: dict[int, dict[str | None, list[float]]] = defaultdict(lambda: defaultdict(list))
+        # stage -> tier -> requests planned inside the judged window (open loop), for an early verdict
+        self.window: dict[int, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
+        for st in plan.stages:
+            if not st.cycle:
+                for sp in st.specs:
+                    if sp.arrival_s >= st.start_s + warmup_s:
+                        self.window[st.index][sp.tier] += 1
+
+    # -------------------------------------------------------------- intake
+
+    def feed(self, node_id: str, report: dict[str, Any]) -> None:
+        lines = report.get("records") or []
+        if self._fd < 0:  # the run was already written out
+            return
+        if lines:
+            os.write(self._fd, ("\n".join(lines) + "\n").encode())
+            for line in lines:
+                self._take(json.loads(line))
+        self.gathered += len(lines)
+        self.nodes[node_id] = {k: report.get(k) for k in ("counters", "late_max_ms", "finished", "sent_by_stage")}
+
+    def _take(self, r: dict[str, Any]) -> None:
+        k = r["stage"]
+        self.gathered_by_stage[k] += 1
+        st = self._stages.get(k)
+        if r["status"] == "cancelled" or st is None or r["scheduled_s"] < st.start_s + self.warmup_s:
+            return
+        if r["status"] == "ok" and r["first_token_s"] is not None:
+            v = (r["first_token_s"] - r["scheduled_s"]) * 1000.0
+        else:
+            v = math.inf  # a 429, an error: the promise was broken
+        self.ttft[k][r["tier"]].append(v)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # -------------------------------------------------------------- totals
+
+    def totals(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: 0 for k in COUNTERS}
+        by_stage: dict[int, int] = defaultdict(int)
+        late = 0.0
+        for n in self.nodes.values():
+            for k in COUNTERS:
+                out[k] += (n.get("counters") or {}).get(k, 0)
+            for s, c in (n.get("sent_by_stage") or {}).items():
+                by_stage[int(s)] += c
+            late = max(late, n.get("late_max_ms") or 0.0)
+        out["late_max_ms"] = late
+        out["sent_by_stage"] = dict(by_stage)
+        out["gathered"] = self.gathered
+        out["workers"] = len(self.nodes)
+        out["finished"] = bool(self.nodes) and all(n.get("finished") for n in self.nodes.values())
+        return out
+
+    def all_in(self, expected_nodes: int) -> bool:
+        """Every sending process has finished and every record it sent has reached the master."""
+        t = self.totals()
+        return t["workers"] >= expected_nodes and t["finished"] and t["gathered"] >= t["sent"]
+
+    def stage_complete(self, k: int) -> bool:
+        sent = self.totals()["sent_by_stage"].get(k, 0)
+        return self.gathered_by_stage.get(k, 0) >= sent
+
+    # -------------------------------------------------------------- SLO
+
+    def judge(self, k: int, final: bool) -> list[TierJudgement]:
+        """The TTFT SLO of each tier that has one, on stage ``k``'s judged window. ``final``: all its
+        requests are in; otherwise only a breach that is already certain is reported as broken."""
+        out = []
+        for tier, slo in self.plan.tier_slos.items():
+            thr = slo.get("ttft_ms")
+            if thr is None:
+                continue
+            vals = self.ttft[k].get(tier, [])
+            over = sum(1 for v in vals if v > thr)
+            planned = self.window[k].get(tier, 0)
+            certain = planned > 0 and over > (1.0 - self.q) * planned  # no later request can save it
+            if not vals:
+                out.append(TierJudgement(tier, thr, 0, None, False, False))
+                continue
+            val = quantile(vals, self.q)
+            broken = (val > thr) if final else certain
+            out.append(TierJudgement(tier, thr, len(vals), val if math.isfinite(val) else None, broken,
+                                     certain and not final))
+        return out

@@ -1,0 +1,327 @@
+"""Locust users that stream LLM responses and time every token themselves.
+
+Locust's ``stream=True`` times the response headers, and ``iter_content(1024)`` waits for 1 KiB of
+body, so neither sees a token when it arrives. These users take the connection from the
+:class:`~locust.contrib.fasthttp.FastHttpUser`'s own geventhttpclient pool, read the body with
+``readline(b"\\n")`` (it returns as soon as one SSE line is complete, whatever is still buffered), and
+stamp each content chunk with ``time.monotonic()`` at that moment. The record they write is the
+aiohttp replayer's, field for field (``loadgen/client.py``): TTFT at the first non-empty content chunk,
+measured from the *scheduled* time; one timestamp per content chunk; ``usage`` and ``timing`` from the
+final chunk; the same statuses. Each finished request fires three Locust request events,
+``LLM ttft``, ``LLM tpot`` and ``LLM e2e`` (ms, output tokens as the response length); a failed one
+fires ``LLM e2e`` with its error.
+
+- :class:`OpenLoopDriver`: one per sending process; it walks that process's shard of the seeded
+  schedule and starts each request in its own greenlet at its time (open loop: a slow target makes
+  requests overlap, never delays the next send; ``sent_s - scheduled_s`` is the client's lateness).
+- :class:`ClosedLoopUser`: N of them per stage; each sends its next request when the previous ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+from gevent.event import Event as GEvent
+from gevent.pool import Group
+from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
+from geventhttpclient.url import URL
+from locust import FastHttpUser, constant, task
+
+from ..client import SERVER_KEYS, ClientConfig, _error_text, build_body
+from ..records import RequestRecord
+from ..sse import SSEParser, StreamError, chunk_content, decode_chunk
+from .collect import Tally
+from .plan import Plan, Stage, shard
+
+now = time.monotonic
+
+
+class RequestFailed(Exception):
+    """The exception a failed request's ``e2e`` event carries (Locust's failures table shows it)."""
+
+
+@dataclass
+class ProcState:
+    """This process's part of the run: set when the start message arrives."""
+
+    plan: Plan | None = None
+    index: int = 0
+    count: int = 1
+    t0: float = 0.0  # run start on this process's monotonic clock
+    cfg: ClientConfig | None = None
+    model: str = ""
+    events: Any = None
+    tally: Tally = field(default_factory=Tally)
+    started: GEvent = field(default_factory=GEvent)
+    stop_sending: bool = False
+    driver_claimed: bool = False
+    in_flight: set = field(default_factory=set)  # greenlets with a request under way
+    cfg_headers: dict = field(default_factory=lambda: {"Content-Type": "application/json"})
+    _closed_next: dict[int, Any] = field(default_factory=dict)
+
+    def start(self, plan: Plan, index: int, count: int, t0_wall: float, cfg: ClientConfig, model: str,
+              events: Any) -> None:
+        self.plan, self.index, self.count, self.cfg, self.model, self.events = plan, index, count, cfg, model, events
+        self.t0 = now() + (t0_wall - time.time())
+        self.tally = Tally()
+        self.stop_sending = False
+        self.driver_claimed = False
+        self._closed_next = {}
+        gc.collect()
+        gc.freeze()  # as the aiohttp replayer: long-lived objects leave the collector's view
+        self.started.set()
+
+    def reset(self) -> None:
+        self.started.clear()
+        self.plan = None
+
+    def cancel_in_flight(self) -> None:
+        for g in list(self.in_flight):
+            g.kill(block=False)
+
+    def my_schedule(self) -> list[tuple[int, Any]]:
+        return shard(self.plan.schedule(), self.index, self.count)
+
+    def next_closed(self) -> tuple[Stage, Any] | None:
+        """Closed loop: the next spec for a user of this process, or None when there is none."""
+        if self.stop_sending:
+            return None
+        t = now() - self.t0
+        st = self.plan.stage_at(t)
+        if st.duration_s is not None and t >= st.end_s:
+            return None
+        it = self._closed_next.get(st.index)
+        if it is None:
+            mine = shard(st.specs, self.index, self.count)
+            it = self._closed_next[st.index] = _cycle(mine) if st.cycle else iter(mine)
+        spec = next(it, None)
+        return None if spec is None else (st, spec)
+
+
+def _cycle(specs):
+    for rnd in itertools.count():
+        if not specs:
+            return
+        for sp in specs:
+            if rnd == 0:
+                yield sp
+            else:
+                c = _copy_spec(sp)
+                c.id = f"{sp.id}-{rnd}"
+                yield c
+
+
+def _copy_spec(sp):
+    return dataclasses.replace(sp)
+
+
+STATE = ProcState()
+
+
+class _StreamingUser(FastHttpUser):
+    abstract = True
+    network_timeout = 300.0  # the longest silence inside a stream (set from the run's read timeout)
+    connection_timeout = 10.0
+    max_retries = 0
+    insecure = True
+
+    def _http(self):
+        return self.client.client.clientpool.get_client(URL(self.host))
+
+    def send(self, spec, stage: int, scheduled_s: float, path: str, body: bytes, http) -> RequestRecord:
+        st = STATE
+        t0, tally = st.t0, st.tally
+        rec = RequestRecord(spec.id, stage, spec.tier, scheduled_s, prompt_tokens=spec.prompt_tokens)
+        tally.sent += 1
+        tally.in_flight += 1
+        tally.sent_by_stage[stage] += 1
+        me = gevent.getcurrent()
+        st.in_flight.add(me)
+        resp = None
+        try:
+            rec.sent_s = now() - t0
+            late = (rec.sent_s - scheduled_s) * 1000.0
+            if late > tally.late_max_ms:
+                tally.late_max_ms = late
+            resp = http.request("POST", path, body=body, headers=st.cfg_headers)
+            rec.http_status = resp.status_code
+            if rec.http_status != 200:
+                rec.status = "rejected" if rec.http_status == 429 else "http_error"
+                rec.error = _error_text(resp.read(), rec.http_status)
+            else:
+                _stream(resp, rec, t0)
+        except gevent.GreenletExit:
+            rec.status, rec.error = "cancelled", "run stopped"
+            raise
+        except StreamError as e:
+            rec.status, rec.error = "stream_error", str(e)
+        except (TimeoutError, gevent.Timeout) as e:
+            rec.status = "timeout"
+            rec.error = f"no data for {self.network_timeout:g}s" if rec.http_status else f"connect timeout ({e})"
+        except (HTTPConnectionClosed, HTTPParseError, OSError) as e:
+            rec.status = "stream_error" if rec.http_status else "conn_error"
+            rec.error = f"{type(e).__name__}: {e}"
+        finally:
+            if resp is not None:
+                resp.release()
+            rec.done_s = now() - t0
+            st.in_flight.discard(me)
+            tally.in_flight -= 1
+            tally.done += 1
+            if rec.status == "ok":
+                tally.ok += 1
+                tally.output_tokens += rec.output_tokens or 0
+            else:
+                tally.errors += 1
+            tally.outbox.append(rec.to_json())
+            _fire(st.events, rec)
+        return rec
+
+
+def _stream(resp, rec: RequestRecord, t0: float) -> None:
+    """Read the SSE body line by line as each line completes; the same parsing as ``Replayer._stream``."""
+    parser = SSEParser()
+    tokens = rec.token_s
+    finished = False
+    n_chunks = 0
+    readline = resp.readline
+    while True:
+        line = readline(b"\n")
+        if not line:
+            line = resp.read()  # an unterminated last line, if any
+            if not line:
+                break
+        t = now() - t0
+        for ev in parser.feed(line):
+            obj = decode_chunk(ev.data)
+            if obj is None:  # [DONE]
+                finished = True
+                continue
+            if chunk_content(obj):
+                tokens.append(t)
+                n_chunks += 1
+                if rec.first_token_s is None:
+                    rec.first_token_s = t
+            choices = obj.get("choices")
+            if choices and choices[0].get("finish_reason"):
+                finished = True
+            usage = obj.get("usage")
+            if usage:
+                rec.output_tokens = usage.get("completion_tokens", rec.output_tokens)
+                rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
+            timing = obj.get("timing")
+            if timing:
+                rec.server = {k: timing[k] for k in SERVER_KEYS if k in timing}
+    for ev in parser.close():
+        if decode_chunk(ev.data) is None:
+            finished = True
+    if not finished:
+        raise StreamError("stream ended without [DONE] or a finish_reason")
+    if rec.output_tokens is None:
+        rec.output_tokens = n_chunks
+
+
+def _fire(events, rec: RequestRecord) -> None:
+    if events is None or rec.status == "cancelled":
+        return
+    fire = events.request.fire
+    ctx = {"id": rec.id, "stage": rec.stage, "tier": rec.tier}
+    if rec.status == "ok" and rec.token_s:
+        out = rec.output_tokens or 0
+        ttft = (rec.first_token_s - rec.scheduled_s) * 1000.0
+        e2e = (rec.token_s[-1] - rec.scheduled_s) * 1000.0
+        fire(request_type="LLM", name="ttft", response_time=ttft, response_length=out, exception=None, context=ctx)
+        if out > 1:
+            fire(request_type="LLM", name="tpot", response_time=(e2e - ttft) / (out - 1), response_length=out,
+                 exception=None, context=ctx)
+        fire(request_type="LLM", name="e2e", response_time=e2e, response_length=out, exception=None, context=ctx)
+    else:
+        ms = ((rec.done_s or rec.scheduled_s) - rec.scheduled_s) * 1000.0
+        fire(request_type="LLM", name="e2e", response_time=ms, response_length=0,
+             exception=RequestFailed(f"{rec.status}: {rec.error}"), context=ctx)
+
+
+class OpenLoopDriver(_StreamingUser):
+    """One per sending process: sends its shard of the schedule open-loop, a greenlet per request."""
+
+    wait_time = constant(0)
+    concurrency = 100_000  # connections in this process's pool (the aiohttp replayer's is unlimited too)
+
+    def on_start(self) -> None:
+        self._group = Group()
+
+    def on_stop(self) -> None:
+        self._group.kill(block=True)
+
+    @task
+    def drive(self) -> None:
+        st = STATE
+        st.started.wait()
+        if st.driver_claimed:  # a second driver in this process (Locust placed two here): stay idle
+            gevent.sleep(3600)
+            return
+        st.driver_claimed = True
+        http = self._http()
+        cfg, model, t0 = st.cfg, st.model, st.t0
+        group = self._group
+        for stage, spec in st.my_schedule():
+            path, body = build_body(spec, cfg, model)  # built before its send time comes
+            while (delay := t0 + spec.arrival_s - now()) > 0:  # never send early
+                gevent.sleep(delay)
+            if st.stop_sending:
+                break
+            group.spawn(self.send, spec, stage, spec.arrival_s, path, body, http)
+        st.tally.finished = True
+        group.join()
+        while True:
+            gevent.sleep(3600)
+
+
+class ClosedLoopUser(_StreamingUser):
+    """Closed loop: sends its next request as soon as the previous one ends (N users = concurrency N)."""
+
+    wait_time = constant(0)
+    concurrency = 1
+
+    @task
+    def next_request(self) -> None:
+        st = STATE
+        st.started.wait()
+        item = st.next_closed()
+        if item is None:
+            st.tally.finished = True
+            gevent.sleep(0.5)
+            return
+        stage, spec = item
+        path, body = build_body(spec, st.cfg, st.model)
+        self.send(spec, stage.index, now() - st.t0, path, body, self._http())
+
+
+def client_config(opts: dict[str, Any]) -> ClientConfig:
+    return ClientConfig(
+        target="", model=opts.get("model"), max_connections=int(opts.get("max_connections") or 0),
+        read_timeout_s=float(opts.get("read_timeout") or 300.0), api_key=opts.get("api_key"),
+        send_tier=not opts.get("no_tier"),
+    )
+
+
+def headers(cfg: ClientConfig) -> dict[str, str]:
+    h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if cfg.api_key:
+        h["Authorization"] = f"Bearer {cfg.api_key}"
+    return h
+
+
+def apply_client_settings(cfg: ClientConfig) -> None:
+    """Timeouts and the connection cap from the run's options, on both user classes."""
+    for cls in (OpenLoopDriver, ClosedLoopUser):
+        cls.network_timeout = cfg.read_timeout_s or 1e9
+    OpenLoopDriver.concurrency = cfg.max_connections or 100_000
+    STATE.cfg_headers = headers(cfg)
+
