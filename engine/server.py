@@ -2,9 +2,7 @@
 
     python -m engine.server --model tiny --port 8000      # or: slobench serve ...
 
-One engine thread runs `Engine.step()` in a loop; the aiohttp event loop owns everything HTTP. After each
-step the engine thread records metrics and hands the step's outputs to the event loop in one
-`call_soon_threadsafe`, which appends each to its request's `RequestStream` and wakes the handler. A
+The engine runs on its own thread (engine_loop.py); the aiohttp event loop owns everything HTTP. A
 handler that ends early (client disconnect cancels it, or a write fails) aborts its request at once.
 """
 
@@ -12,19 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import contextlib
-import dataclasses
 import hmac
 import json
 import logging
-import queue
 import signal
 import sys
 import threading
 import time
-import types
-import typing
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -33,18 +26,18 @@ from aiohttp import web
 
 from engine import protocol
 from engine.chat import ChatTemplateError, render_chat
-from engine.config import TIERS, EngineConfig
+from engine.engine_loop import EngineLoop, RequestStream
 from engine.errors import EngineError, InvalidRequestError, PromptTooLongError, QueueFullError
 from engine.metrics import CONTENT_TYPE, ServerMetrics
 from engine.protocol import APIError
+from engine.server_args import SWITCH_INTERVAL_MS, add_server_arguments, config_from_args
+
+__all__ = ["BackgroundServer", "add_server_arguments", "build_app", "config_from_args", "main", "run_server", "serve"]
 
 logger = logging.getLogger("engine.server")
 
-STATS_INTERVAL_S = 0.05  # engine-state gauges refresh at most this often while busy
-IDLE_WAIT_S = 0.05  # the idle engine thread wakes this often to run calls and notice shutdown
 RETRY_AFTER_S = 1
 MAX_BODY_BYTES = 32 * 1024 * 1024
-SWITCH_INTERVAL_MS = 0.5  # the server process's GIL switch interval (Python's default: 5 ms)
 
 _JSON_SEPARATORS = (",", ":")
 _SSE_HEADERS = {
@@ -66,168 +59,6 @@ _SSE_DONE = b"data: [DONE]\n\n"
 
 
 # ------------------------------------------------------------------------------------------ engine loop
-
-
-class RequestStream:
-    """One request's outputs as the event loop receives them."""
-
-    __slots__ = ("request_id", "tier", "items", "event", "error", "finished")
-
-    def __init__(self, request_id: str, tier: str):
-        self.request_id = request_id
-        self.tier = tier
-        self.items: list[Any] = []
-        self.event = asyncio.Event()
-        self.error: APIError | None = None
-        self.finished = False
-
-    async def next_batch(self) -> list[Any]:
-        """Every output that arrived since the last call (waits for at least one); raises on failure."""
-        while not self.items:
-            if self.error is not None:
-                raise self.error
-            await self.event.wait()
-            self.event.clear()
-        items, self.items = self.items, []
-        return items
-
-
-class EngineLoop:
-    """Runs the engine on its own thread and routes its outputs to per-request streams."""
-
-    def __init__(self, engine: Any, metrics: ServerMetrics, loop: asyncio.AbstractEventLoop):
-        self.engine = engine
-        self.metrics = metrics
-        self.loop = loop
-        self.streams: dict[str, RequestStream] = {}  # event-loop thread only
-        self.closing = False
-        self.step_errors = 0
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-
-    # -- engine thread
-
-    def start(self) -> None:
-        self._thread.start()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run_calls(self) -> None:
-        while True:
-            try:
-                fn, fut = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn())
-            except BaseException as e:  # delivered to the caller
-                fut.set_exception(e)
-
-    def _post(self, fn: Callable, *args: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
-            self.loop.call_soon_threadsafe(fn, *args)
-
-    def _update_stats(self) -> None:
-        try:
-            self.metrics.update_stats(self.engine.stats())
-        except Exception:
-            logger.exception("engine stats failed")
-
-    def _run(self) -> None:
-        engine = self.engine
-        last_stats = 0.0
-        idle_stats_done = False
-        while not self._stop.is_set():
-            self._run_calls()
-            if engine.has_unfinished_requests():
-                idle_stats_done = False
-                try:
-                    outs = engine.step()
-                except Exception:
-                    self.step_errors += 1
-                    logger.exception("engine step failed; failing the requests in flight")
-                    self._post(self._fail_all, "the engine failed while running this request")
-                    time.sleep(0.01)
-                    continue
-                if outs:
-                    self.metrics.record_outputs(outs)
-                    self._post(self._deliver, outs)
-                now = time.monotonic()
-                if now - last_stats >= STATS_INTERVAL_S:
-                    last_stats = now
-                    self._update_stats()
-            else:
-                if not idle_stats_done:
-                    idle_stats_done = True
-                    self._update_stats()
-                engine.wait_for_work(IDLE_WAIT_S)
-        self._run_calls()
-
-    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        """Run `fn` on the engine thread between steps (e.g. `engine.stats`, `engine.check_integrity`)."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        if not self.alive:
-            fut.set_exception(RuntimeError("the engine loop is not running"))
-            return fut
-        self._calls.put((fn, fut))
-        return fut
-
-    async def call_async(self, fn: Callable[[], Any], timeout: float = 5.0) -> Any:
-        return await asyncio.wait_for(asyncio.wrap_future(self.call(fn)), timeout)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
-
-    # -- event-loop thread
-
-    def submit(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> RequestStream:
-        if self.closing:
-            raise APIError(503, "the server is shutting down", code="shutting_down")
-        if not self.alive:
-            raise APIError(503, "the engine loop is not running", code="engine_dead")
-        stream = RequestStream(request_id, tier)
-        self.streams[request_id] = stream
-        try:
-            self.engine.add_request(prompt, params, tier=tier, request_id=request_id)
-        except BaseException:
-            del self.streams[request_id]
-            raise
-        return stream
-
-    def release(self, request_id: str) -> None:
-        """The handler is done with this request: abort it in the engine unless it already finished."""
-        if self.streams.pop(request_id, None) is not None:
-            self.engine.abort(request_id)
-
-    def _deliver(self, outs: list[Any]) -> None:
-        streams = self.streams
-        for out in outs:
-            stream = streams.get(out.request_id)
-            if stream is None:
-                continue
-            stream.items.append(out)
-            if out.finished:
-                stream.finished = True
-                del streams[out.request_id]
-            stream.event.set()
-
-    def _fail_all(self, message: str, status: int = 500, code: str = "engine_error") -> None:
-        for rid, stream in list(self.streams.items()):
-            self.engine.abort(rid)
-            stream.error = APIError(status, message, code=code)
-            stream.event.set()
-        self.streams.clear()
-
-    def abort_all(self) -> None:
-        """Shutdown: end every request in flight (their streams end with an error event)."""
-        self._fail_all("the server is shutting down", status=503, code="shutting_down")
 
 
 # ---------------------------------------------------------------------------------------------- app
@@ -427,17 +258,6 @@ async def _full_response(req: protocol.GenerationRequest, stream: RequestStream)
     return web.Response(text=_dumps(body), content_type="application/json")
 
 
-def _stop_holdback(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
-    hold = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
-                break
-    return hold
-
-
 async def _stream_response(
     request: web.Request, req: protocol.GenerationRequest, stream: RequestStream
 ) -> web.StreamResponse:
@@ -446,8 +266,6 @@ async def _stream_response(
     rid, model, created, chat = stream.request_id, req.model, protocol.now_s(), req.kind == "chat"
     n = req.sampling["n"]
     finished_choices: set[int] = set()
-    sent: dict[int, int] = {}  # choice index -> characters of its text already streamed
-    stops = req.sampling["stop"]
     try:
         if chat:  # OpenAI opens each choice with the assistant role
             await resp.write(
@@ -468,19 +286,12 @@ async def _stream_response(
                 for c in out.outputs:
                     if c.index in finished_choices:
                         continue
-                    finish = c.finish_reason
-                    if finish == "abort":
-                        finish = None
-                    # Stream from the cumulative text, holding back a tail that could still become a
-                    # stop string: the engine trims a matched stop string from `text` only once it is
-                    # complete, and streamed characters cannot be taken back.
-                    text = c.text
-                    end = len(text) if c.finish_reason is not None else len(text) - _stop_holdback(text, stops)
-                    start = sent.get(c.index, 0)
-                    delta_text = text[start:end] if end > start else ""
+                    finish = None if c.finish_reason == "abort" else c.finish_reason
+                    # new_text never holds a tail that could still become a stop string: the engine keeps
+                    # it back until it is sure, since streamed characters cannot be taken back.
+                    delta_text = c.new_text
                     if not delta_text and finish is None:
                         continue
-                    sent[c.index] = max(start, end)
                     if finish is not None:
                         finished_choices.add(c.index)
                     if chat:
@@ -731,129 +542,6 @@ class BackgroundServer:
 
 
 # ----------------------------------------------------------------------------------------------- CLI
-
-
-def _tier_limits(text: str) -> dict[str, int]:
-    """`premium=8,standard=16,basic=32` or a JSON object (what scenario files pass)."""
-    text = text.strip()
-    if text.startswith("{"):
-        try:
-            pairs = list(json.loads(text).items())
-        except (json.JSONDecodeError, AttributeError) as e:
-            raise argparse.ArgumentTypeError(f"not a JSON object of tier limits: {e}") from None
-    else:
-        pairs = []
-        for part in text.split(","):
-            tier, sep, value = part.partition("=")
-            if not sep:
-                raise argparse.ArgumentTypeError(f"expected tier=N pairs, got {part!r}")
-            pairs.append((tier.strip(), value.strip()))
-    limits = {}
-    for tier, value in pairs:
-        if tier not in TIERS:
-            raise argparse.ArgumentTypeError(f"unknown tier {tier!r}; tiers are {', '.join(TIERS)}")
-        try:
-            limits[tier] = int(value)
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"{tier}: {value!r} is not an integer") from None
-        if limits[tier] < 0:
-            raise argparse.ArgumentTypeError(f"{tier}: the limit must be non-negative")
-    return limits
-
-
-_ENGINE_HELP = {
-    "device": "cuda | cpu (default: cuda when available)",
-    "dtype": "float32 | bfloat16 | float16 (default: float32 on cpu, bfloat16 on cuda)",
-    "seed": "random seed for preset weights",
-    "max_model_len": "context length (default: the model's)",
-    "block_size": "KV block size in tokens",
-    "num_kv_blocks": "KV blocks (default: from --kv-cache-tokens)",
-    "kv_cache_tokens": "KV capacity in tokens",
-    "num_host_blocks": "host (swap) KV blocks",
-    "enable_prefix_caching": "prefix caching (--no-prefix-caching turns it off)",
-    "kv_allocation": "paged | contiguous",
-    "batching": "continuous | static",
-    "max_num_seqs": "batch slots",
-    "max_num_batched_tokens": "per-step token budget",
-    "enable_chunked_prefill": "chunked prefill (--no-chunked-prefill turns it off)",
-    "prefill_chunk_size": "largest prefill chunk one request gets per step",
-    "rebatch_interval": "steps between admissions",
-    "premium_reserved_kv_frac": "share of KV blocks only premium may use",
-    "premium_reserved_slots": "batch slots only premium may use",
-    "max_waiting_per_tier": "waiting-queue bounds: premium=N,standard=N,basic=N (or JSON)",
-    "kv_watermark": "KV usage at which admissions stop and swapping starts",
-}
-
-
-def _engine_fields() -> list[tuple[str, Any]]:
-    """(EngineConfig field, its type without None) for every engine option but `model`."""
-    hints = typing.get_type_hints(EngineConfig)
-    out = []
-    for f in dataclasses.fields(EngineConfig):
-        if f.name == "model":
-            continue
-        tp = hints[f.name]
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
-            tp = args[0]
-        out.append((f.name, typing.get_origin(tp) or tp))
-    return out
-
-
-def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The flags of `slobench serve` / `python -m engine.server`.
-
-    Every EngineConfig field is a flag (`max_num_seqs` -> `--max-num-seqs`; booleans also take
-    `--no-...`), defaulting to EngineConfig's own default.
-    """
-    parser.add_argument("--model", default="tiny", help="a preset name (tiny) or a Hugging Face checkpoint folder")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (0: any free port; default: 8000)")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    parser.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=5.0,
-        help="seconds in-flight requests get to finish at shutdown",
-    )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument(
-        "--switch-interval-ms", type=float, default=SWITCH_INTERVAL_MS, help="the GIL switch interval (ms)"
-    )
-    group = parser.add_argument_group("engine")
-    for name, tp in _engine_fields():
-        flag = "--" + name.replace("_", "-")
-        help_ = _ENGINE_HELP.get(name)
-        if tp is bool:
-            group.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction, help=help_)
-        elif tp is dict:
-            group.add_argument(flag, dest=name, default=None, type=_tier_limits, help=help_)
-        elif tp in (int, float, str):
-            group.add_argument(flag, dest=name, default=None, type=tp, help=help_)
-    # Short spellings for the switches that turn things off.
-    group.add_argument(
-        "--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS
-    )
-    group.add_argument(
-        "--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS
-    )
-    group.add_argument("--no-triton", dest="use_triton", action="store_false", help=argparse.SUPPRESS)
-    return parser
-
-
-def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """EngineConfig from parsed flags; options not given keep EngineConfig's defaults."""
-    kwargs: dict[str, Any] = {"model": getattr(args, "model", "tiny")}
-    for name, _ in _engine_fields():
-        value = getattr(args, name, None)
-        if value is not None:
-            kwargs[name] = value
-    if "max_waiting_per_tier" in kwargs:
-        kwargs["max_waiting_per_tier"] = {
-            **EngineConfig().max_waiting_per_tier,
-            **kwargs["max_waiting_per_tier"],
-        }
-    return EngineConfig(**kwargs)
 
 
 def _event_loop_runner() -> Callable[[Any], Any]:

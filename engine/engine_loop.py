@@ -1,0 +1,188 @@
+"""The bridge between the engine thread and the server's event loop.
+
+One engine thread runs `Engine.step()` in a loop; the aiohttp event loop owns everything HTTP. After each
+step the engine thread records metrics and hands the step's outputs to the event loop in one
+`call_soon_threadsafe`, which appends each to its request's `RequestStream` and wakes the handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from engine.metrics import ServerMetrics
+from engine.protocol import APIError
+
+logger = logging.getLogger("engine.server")
+
+STATS_INTERVAL_S = 0.05  # engine-state gauges refresh at most this often while busy
+IDLE_WAIT_S = 0.05  # the idle engine thread wakes this often to run calls and notice shutdown
+
+
+class RequestStream:
+    """One request's outputs as the event loop receives them."""
+
+    __slots__ = ("request_id", "tier", "items", "event", "error", "finished")
+
+    def __init__(self, request_id: str, tier: str):
+        self.request_id = request_id
+        self.tier = tier
+        self.items: list[Any] = []
+        self.event = asyncio.Event()
+        self.error: APIError | None = None
+        self.finished = False
+
+    async def next_batch(self) -> list[Any]:
+        """Every output that arrived since the last call (waits for at least one); raises on failure."""
+        while not self.items:
+            if self.error is not None:
+                raise self.error
+            await self.event.wait()
+            self.event.clear()
+        items, self.items = self.items, []
+        return items
+
+
+class EngineLoop:
+    """Runs the engine on its own thread and routes its outputs to per-request streams."""
+
+    def __init__(self, engine: Any, metrics: ServerMetrics, loop: asyncio.AbstractEventLoop):
+        self.engine = engine
+        self.metrics = metrics
+        self.loop = loop
+        self.streams: dict[str, RequestStream] = {}  # event-loop thread only
+        self.closing = False
+        self.step_errors = 0
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    # -- engine thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # delivered to the caller
+                fut.set_exception(e)
+
+    def _post(self, fn: Callable, *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def _update_stats(self) -> None:
+        try:
+            self.metrics.update_stats(self.engine.stats())
+        except Exception:
+            logger.exception("engine stats failed")
+
+    def _run(self) -> None:
+        engine = self.engine
+        last_stats = 0.0
+        idle_stats_done = False
+        while not self._stop.is_set():
+            self._run_calls()
+            if engine.has_unfinished_requests():
+                idle_stats_done = False
+                try:
+                    outs = engine.step()
+                except Exception:
+                    self.step_errors += 1
+                    logger.exception("engine step failed; failing the requests in flight")
+                    self._post(self._fail_all, "the engine failed while running this request")
+                    time.sleep(0.01)
+                    continue
+                if outs:
+                    self.metrics.record_outputs(outs)
+                    self._post(self._deliver, outs)
+                now = time.monotonic()
+                if now - last_stats >= STATS_INTERVAL_S:
+                    last_stats = now
+                    self._update_stats()
+            else:
+                if not idle_stats_done:
+                    idle_stats_done = True
+                    self._update_stats()
+                engine.wait_for_work(IDLE_WAIT_S)
+        self._run_calls()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` on the engine thread between steps (e.g. `engine.stats`, `engine.check_integrity`)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.alive:
+            fut.set_exception(RuntimeError("the engine loop is not running"))
+            return fut
+        self._calls.put((fn, fut))
+        return fut
+
+    async def call_async(self, fn: Callable[[], Any], timeout: float = 5.0) -> Any:
+        return await asyncio.wait_for(asyncio.wrap_future(self.call(fn)), timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # -- event-loop thread
+
+    def submit(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> RequestStream:
+        if self.closing:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        if not self.alive:
+            raise APIError(503, "the engine loop is not running", code="engine_dead")
+        stream = RequestStream(request_id, tier)
+        self.streams[request_id] = stream
+        try:
+            self.engine.add_request(prompt, params, tier=tier, request_id=request_id)
+        except BaseException:
+            del self.streams[request_id]
+            raise
+        return stream
+
+    def release(self, request_id: str) -> None:
+        """The handler is done with this request: abort it in the engine unless it already finished."""
+        if self.streams.pop(request_id, None) is not None:
+            self.engine.abort(request_id)
+
+    def _deliver(self, outs: list[Any]) -> None:
+        streams = self.streams
+        for out in outs:
+            stream = streams.get(out.request_id)
+            if stream is None:
+                continue
+            stream.items.append(out)
+            if out.finished:
+                stream.finished = True
+                del streams[out.request_id]
+            stream.event.set()
+
+    def _fail_all(self, message: str, status: int = 500, code: str = "engine_error") -> None:
+        for rid, stream in list(self.streams.items()):
+            self.engine.abort(rid)
+            stream.error = APIError(status, message, code=code)
+            stream.event.set()
+        self.streams.clear()
+
+    def abort_all(self) -> None:
+        """Shutdown: end every request in flight (their streams end with an error event)."""
+        self._fail_all("the server is shutting down", status=503, code="shutting_down")

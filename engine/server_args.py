@@ -1,0 +1,137 @@
+"""Command-line flags of the server: every EngineConfig field becomes a flag."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from typing import Any
+
+from engine.config import TIERS, EngineConfig
+
+SWITCH_INTERVAL_MS = 0.5  # the server process's GIL switch interval (Python's default: 5 ms)
+
+
+def _tier_limits(text: str) -> dict[str, int]:
+    """`premium=8,standard=16,basic=32` or a JSON object (what scenario files pass)."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            pairs = list(json.loads(text).items())
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise argparse.ArgumentTypeError(f"not a JSON object of tier limits: {e}") from None
+    else:
+        pairs = []
+        for part in text.split(","):
+            tier, sep, value = part.partition("=")
+            if not sep:
+                raise argparse.ArgumentTypeError(f"expected tier=N pairs, got {part!r}")
+            pairs.append((tier.strip(), value.strip()))
+    limits = {}
+    for tier, value in pairs:
+        if tier not in TIERS:
+            raise argparse.ArgumentTypeError(f"unknown tier {tier!r}; tiers are {', '.join(TIERS)}")
+        try:
+            limits[tier] = int(value)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{tier}: {value!r} is not an integer") from None
+        if limits[tier] < 0:
+            raise argparse.ArgumentTypeError(f"{tier}: the limit must be non-negative")
+    return limits
+
+
+_ENGINE_HELP = {
+    "device": "cuda | cpu (default: cuda when available)",
+    "dtype": "float32 | bfloat16 | float16 (default: float32 on cpu, bfloat16 on cuda)",
+    "seed": "random seed for preset weights",
+    "max_model_len": "context length (default: the model's)",
+    "block_size": "KV block size in tokens",
+    "num_kv_blocks": "KV blocks (default: from --kv-cache-tokens)",
+    "kv_cache_tokens": "KV capacity in tokens",
+    "num_host_blocks": "host (swap) KV blocks",
+    "enable_prefix_caching": "prefix caching (--no-prefix-caching turns it off)",
+    "kv_allocation": "paged | contiguous",
+    "batching": "continuous | static",
+    "max_num_seqs": "batch slots",
+    "max_num_batched_tokens": "per-step token budget",
+    "enable_chunked_prefill": "chunked prefill (--no-chunked-prefill turns it off)",
+    "prefill_chunk_size": "largest prefill chunk one request gets per step",
+    "rebatch_interval": "steps between admissions",
+    "premium_reserved_kv_frac": "share of KV blocks only premium may use",
+    "premium_reserved_slots": "batch slots only premium may use",
+    "max_waiting_per_tier": "waiting-queue bounds: premium=N,standard=N,basic=N (or JSON)",
+    "kv_watermark": "KV usage at which admissions stop and swapping starts",
+}
+
+
+def _engine_fields() -> list[tuple[str, Any]]:
+    """(EngineConfig field, its type without None) for every engine option but `model`."""
+    hints = typing.get_type_hints(EngineConfig)
+    out = []
+    for f in dataclasses.fields(EngineConfig):
+        if f.name == "model":
+            continue
+        tp = hints[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
+            tp = args[0]
+        out.append((f.name, typing.get_origin(tp) or tp))
+    return out
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags of `slobench serve` / `python -m engine.server`.
+
+    Every EngineConfig field is a flag (`max_num_seqs` -> `--max-num-seqs`; booleans also take
+    `--no-...`), defaulting to EngineConfig's own default.
+    """
+    parser.add_argument("--model", default="tiny", help="a preset name (tiny) or a Hugging Face checkpoint folder")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0: any free port; default: 8000)")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=5.0,
+        help="seconds in-flight requests get to finish at shutdown",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--switch-interval-ms", type=float, default=SWITCH_INTERVAL_MS, help="the GIL switch interval (ms)"
+    )
+    group = parser.add_argument_group("engine")
+    for name, tp in _engine_fields():
+        flag = "--" + name.replace("_", "-")
+        help_ = _ENGINE_HELP.get(name)
+        if tp is bool:
+            group.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction, help=help_)
+        elif tp is dict:
+            group.add_argument(flag, dest=name, default=None, type=_tier_limits, help=help_)
+        elif tp in (int, float, str):
+            group.add_argument(flag, dest=name, default=None, type=tp, help=help_)
+    # Short spellings for the switches that turn things off.
+    group.add_argument(
+        "--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS
+    )
+    group.add_argument(
+        "--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS
+    )
+    group.add_argument("--no-triton", dest="use_triton", action="store_false", help=argparse.SUPPRESS)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """EngineConfig from parsed flags; options not given keep EngineConfig's defaults."""
+    kwargs: dict[str, Any] = {"model": getattr(args, "model", "tiny")}
+    for name, _ in _engine_fields():
+        value = getattr(args, name, None)
+        if value is not None:
+            kwargs[name] = value
+    if "max_waiting_per_tier" in kwargs:
+        kwargs["max_waiting_per_tier"] = {
+            **EngineConfig().max_waiting_per_tier,
+            **kwargs["max_waiting_per_tier"],
+        }
+    return EngineConfig(**kwargs)
