@@ -2,6 +2,7 @@
 
     slobench run SCENARIO.yaml [--target URL]            a fixed load from a scenario file
     slobench replay TRACE [--format F] [--time-scale X]  replay a real trace
+    slobench capacity SCENARIO.yaml [--target URL]       rated capacity: ramp until the TTFT SLO breaks
     slobench summarize RUN_DIR [--goodput ttft:MS ...]   rebuild summary.json from a run folder
     slobench report RUN_DIR [RUN_B] [-o FILE]            report.html from a run folder (or A vs B)
     slobench gate RUN_DIR --baseline B [--rules R]       CI gate: exit 0 pass, 1 regression, 2 bad input
@@ -110,6 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     _common_run_args(p)
 
+    p = sub.add_parser("capacity", help="rated capacity: ramp the load until an SLO breaks, then bisect")
+    p.add_argument("scenario", type=Path)
+    p.add_argument("--target",
+                   help="base URL of an OpenAI-compatible server (default: start the reference engine)")
+    p.add_argument("--out", type=Path, help="run folder (default: REPORTS/RUN_ID)")
+    p.add_argument("--run-id", help="run folder name (default: timestamp-name)")
+    p.add_argument("--reports", default="reports", help="folder for run folders (default: reports)")
+    p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario value by its dotted path (repeatable), e.g. search.start=4")
+    p.add_argument("--engine-opt", action="append", type=_engine_opt, default=[], metavar="KEY=VALUE",
+                   help="option for the embedded engine server (repeatable), e.g. max_num_seqs=8")
+    p.add_argument("--no-progress", action="store_true", help="no live display")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the verdict")
+
     p = sub.add_parser("summarize", help="rebuild summary.json from a run folder")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--goodput", nargs="+", metavar="NAME:MS")
@@ -154,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "serve":
             return _serve(argv[1:])
         args = build_parser().parse_args(argv)
-        return {"run": cmd_run, "replay": cmd_replay, "summarize": cmd_summarize,
+        return {"run": cmd_run, "replay": cmd_replay, "summarize": cmd_summarize, "capacity": cmd_capacity,
                 "mock-server": cmd_mock_server, "generate": cmd_generate,
                 "report": cmd_report, "gate": cmd_gate}[args.cmd](args)
     except UsageError as e:
@@ -334,6 +351,16 @@ def _execute(args, specs, *, name, target, model, engine_opts, goodput_cfg, tier
               file=sys.stderr)
         return EXIT_INTERRUPTED if result.stopped.startswith("interrupted") else EXIT_FAIL
     return EXIT_OK
+
+
+def cmd_capacity(args) -> int:
+    from .capacity import command
+    from .scenario import ScenarioError
+
+    try:
+        return command(args)
+    except ScenarioError as e:
+        raise UsageError(str(e)) from None
 
 
 def cmd_summarize(args) -> int:

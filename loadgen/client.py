@@ -132,6 +132,10 @@ class Replayer:
             await self._session.close()
             self._session = None
 
+    def active_records(self) -> list[RequestRecord]:
+        """The records of the requests in flight now (a live view for monitors; do not modify)."""
+        return list(self._active.values())
+
     def stop(self, reason: str | None = None) -> None:
         """End the run now: nothing more is sent, requests in flight are recorded as cancelled."""
         if reason and not self.abort_reason:

@@ -1,0 +1,813 @@
+"""``slobench capacity``: ramp the load until an SLO breaks, bisect, report the rated capacity.
+
+The search itself is pure (``loadgen.search``); this module measures one load step against a target
+(``CapacityRunner.measure``) and writes the run folder:
+
+- One replayer session, one scraper and one clock (``t0``) for the whole run: ``requests.jsonl`` holds
+  every step's records with ``stage`` = the step index, ``metrics.jsonl`` the scrape, both on the run's
+  time axis, so a report can always be rebuilt from the folder alone.
+- A step sends its load for ``step_duration_s``; requests scheduled in its first ``warmup_s`` are
+  discarded, the rest (the *window*) are judged. After the last send it waits up to ``drain_s`` for
+  answers; a request still waiting then is cancelled and counts with the time it had waited (a lower
+  bound). Before each step the target is left to go idle (its running + waiting gauges at 0).
+- Each tier's SLO is judged on its window: the quantile, with a bootstrap confidence interval. A step
+  stops early when its breach is certain (the quantile over what is known, with everything still to
+  come at 0 ms, is already over) or statistically clear (the interval's lower end is over, on the
+  requests old enough to be settled): a queue that keeps growing trips both within seconds.
+- Steps use common random numbers: the arrival pattern of every step is the same seeded draw scaled to
+  its rate, so steps differ by load, not by luck; prompts differ (fresh seed per step), so one step's
+  prefix cache never serves the next.
+- ``summary.json`` is rewritten after every step: Ctrl-C or a dying target leaves everything measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .client import ClientConfig, Progress, Replayer, now, run_sync
+from .records import RecordWriter, RequestRecord
+from .runmeta import now_iso, run_metadata
+from .scenario import Scenario, ScenarioError, StepOptions, scale_specs
+from .scrape import Scraper, read_metrics, scrape_once
+from .search import CapacitySearch, SearchConfig, SearchOutcome, Step, StepResult
+from .slo import SLO, breach_certain, breach_likely, judge
+from .summary import BREAKDOWN_HISTOGRAMS, summarize
+from .traces import TraceError, load_trace
+from .workloads import RequestSpec
+
+SCRAPE_PREFIXES = ("vllm:", "slobench:")
+AGREE_REL = 0.10  # Little's law vs measured in-flight: relative agreement ...
+AGREE_ABS = 0.25  # ... or this many requests apart (tiny concurrencies)
+
+
+@dataclass
+class CapacityPlan:
+    scenario: Scenario
+    search: SearchConfig
+    step: StepOptions
+    slos: dict[str, list[SLO]]  # tier -> judged SLOs ([] for a tier with no promise)
+    headroom: float
+    lateness_bound_ms: float
+
+    @classmethod
+    def from_scenario(cls, scn: Scenario) -> CapacityPlan:
+        search = dataclasses.replace(scn.search) if scn.search else SearchConfig()
+        step = dataclasses.replace(scn.step) if scn.step else StepOptions()
+        if scn.step is None:
+            scn.step = step
+        slos = scn.slos()
+        if not any(slos.values()):
+            raise ScenarioError("tiers: the capacity search needs at least one tier with an SLO, e.g. "
+                                "tiers: {standard: {slo: {ttft_ms: 800}}}")
+        return cls(scn, search, step, slos, scn.headroom, scn.lateness_bound_ms)
+
+    @property
+    def drain_s(self) -> float:
+        if self.step.drain_s is not None:
+            return self.step.drain_s
+        worst = max(s.threshold_ms for ss in self.slos.values() for s in ss) / 1000.0
+        return max(2.0, 2.0 * worst)
+
+    @property
+    def closed(self) -> bool:
+        return self.search.axis == "concurrency"
+
+    def quantile(self, tier: str) -> float:
+        return self.scenario.tier_quantiles.get(tier, self.step.quantile)
+
+
+# ------------------------------------------------------------------ per-step workload
+
+
+def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float,
+               duration_s: float) -> list[RequestSpec]:
+    """The requests of one step, arrival times offset to ``start_s`` on the run's clock. Closed loop
+    (``axis == 'concurrency'``): enough requests for ``load`` users for the whole step, in order."""
+    seed = scn.seed * 1000 + index + 1  # fresh prompts per step; arrivals use scn.seed (common numbers)
+    if scn.workload_type == "synthetic":
+        if axis == "rate":
+            a = scn.arrivals if scn.arrivals and not scn.arrivals.closed else None
+            from .arrivals import Arrivals
+
+            arr = Arrivals(a.kind if a else "poisson", rate=load, burstiness=a.burstiness if a else 1.0)
+            times = arr.times(duration_s=duration_s, seed=scn.seed)
+        else:
+            times = np.zeros(int(load * duration_s * 25) + 50)
+        specs = scn.synthetic.generate(times, seed=seed)
+        if axis == "rate":
+            specs = [s for s in specs if s.arrival_s < duration_s]
+    else:
+        opts = dataclasses.replace(scn.trace_options, seed=seed)
+        if axis == "rate":
+            opts.rate = load
+            opts.max_duration_s = duration_s
+            if opts.arrivals is not None:
+                opts.arrivals = dataclasses.replace(opts.arrivals, rate=load)
+        else:
+            opts.rate = None
+            opts.max_duration_s = None
+        try:
+            specs, _ = load_trace(scn.trace_path, scn.trace_format, opts)
+        except TraceError as e:
+            raise ScenarioError(f"workload.path: {e}") from e
+        scale_specs(specs, scn.input_scale, scn.output_scale, scn.max_input_len, scn.max_output_len)
+    for s in specs:
+        s.id = f"s{index}-{s.id}"
+        s.arrival_s = start_s + (s.arrival_s if axis == "rate" else 0.0)
+    return specs
+
+
+def _cycle_until(specs: list[RequestSpec], stop: Callable[[], bool]) -> Iterator[RequestSpec]:
+    """Closed-loop feed: the specs in order (then again, with new ids) until ``stop()``."""
+    k = 0
+    while specs:
+        for s in specs:
+            if stop():
+                return
+            yield s if k == 0 else dataclasses.replace(s, id=f"{s.id}-{k}")
+        k += 1
+
+
+# ------------------------------------------------------------------ per-request values
+
+
+def metric_value(r: RequestRecord, metric: str, now_s: float | None = None) -> float:
+    """A request's latency in ms for one SLO metric: exact when known, ``inf`` for a failed request
+    (error, 429, read timeout), the time waited so far (a lower bound) for one still in flight or cut
+    off at the end of a step, NaN when it says nothing (TPOT of an unfinished request)."""
+    sched = r.scheduled_s
+    pending = r.done_s is None
+    end = now_s if pending else r.done_s
+    cut = pending or r.status == "cancelled"
+    if metric == "ttft_ms":
+        if r.first_token_s is not None:
+            return (r.first_token_s - sched) * 1000.0
+        return (end - sched) * 1000.0 if cut and end is not None else math.inf
+    if metric == "e2el_ms":
+        if not cut and r.status == "ok" and r.token_s:
+            return (r.token_s[-1] - sched) * 1000.0
+        return (end - sched) * 1000.0 if cut and end is not None else math.inf
+    if metric == "tpot_ms":
+        if cut:
+            return math.nan
+        if r.status != "ok":
+            return math.inf
+        n = r.output_tokens or len(r.token_s)
+        if n > 1 and r.first_token_s is not None and r.token_s:
+            return (r.token_s[-1] - r.first_token_s) * 1000.0 / (n - 1)
+        return 0.0
+    raise ValueError(f"unknown SLO metric {metric!r}")
+
+
+def _values(rs: list[RequestRecord], metric: str, now_s: float | None = None) -> np.ndarray:
+    v = np.asarray([metric_value(r, metric, now_s) for r in rs], dtype=float)
+    return v[~np.isnan(v)]
+
+
+# ------------------------------------------------------------------ one step against a target
+
+
+class _StepWriter(RecordWriter):
+    """Appends records to requests.jsonl and keeps the current step's in memory."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.step_records: list[RequestRecord] = []
+
+    def write(self, rec: RequestRecord) -> None:
+        super().write(rec)
+        self.step_records.append(rec)
+
+
+@dataclass
+class _StepState:
+    index: int
+    load: float
+    phase: str
+    start_s: float
+    w0: float
+    w1: float
+    drain_s: float
+    planned: Counter  # open loop: window requests per tier, known in advance
+    inflight: list[int] = dataclasses.field(default_factory=list)
+    stop_reason: str | None = None
+    stopped_at: float | None = None  # run clock when the early stop fired
+    cut: bool = False
+    sending_done: bool = False
+
+
+class CapacityRunner:
+    """Measures load steps against one target, on one clock, into one run folder."""
+
+    def __init__(self, plan: CapacityPlan, run_dir: Path, target: str, *, model: str | None = None,
+                 watch: Callable[[], str | None] | None = None, display=None, scrape: bool = True):
+        self.plan = plan
+        self.run_dir = Path(run_dir)
+        self.target = target.rstrip("/")
+        self.model = model
+        self.watch = watch
+        self.display = display
+        self.scrape = scrape
+        self.stopped: str | None = None  # why the run ends early (Ctrl-C, target died)
+        self.t0 = 0.0
+        self._rep: Replayer | None = None
+        self._scraper: Scraper | None = None
+        self._metrics_ok = True
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def open(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        req, met = self.run_dir / "requests.jsonl", self.run_dir / "metrics.jsonl"
+        for p in (req, met):
+            p.unlink(missing_ok=True)
+        s = self.plan.scenario
+        self.writer = _StepWriter(req)
+        self.prog = Progress()
+        cfg = ClientConfig(self.target, model=self.model, max_connections=s.max_connections,
+                           read_timeout_s=s.read_timeout_s)
+        self._rep = Replayer(cfg, self.writer, self.prog)
+        await self._rep.open()
+        self.model = self._rep.model
+        if self.scrape:
+            self._scraper = Scraper(self.target, met, prefixes=SCRAPE_PREFIXES)
+            await asyncio.get_running_loop().run_in_executor(None, self._scraper.start)
+        self.t0 = now() + 0.3
+        if self._scraper:
+            self._scraper.go(self.t0)
+
+    async def close(self) -> None:
+        if self._rep is not None:
+            await self._rep.close()
+        if self._scraper is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._scraper.stop)
+            self._scraper = None
+        self.writer.close()
+
+    def stop(self, reason: str) -> None:
+        """End the run: the step under way is cut, no more steps start."""
+        self.stopped = self.stopped or reason
+        if self._rep is not None:
+            self._rep.stop()
+
+    def clock(self) -> float:
+        return now() - self.t0
+
+    # -------------------------------------------------------------- a step
+
+    async def measure(self, load: float, phase: str, index: int, early_stop: bool | None = None) -> StepResult:
+        plan = self.plan
+        await self._settle()
+        start = self.clock() + 0.05
+        dur = plan.step.step_duration_s
+        specs = step_specs(plan.scenario, plan.search.axis, load, index, start, dur)
+        st = _StepState(index, load, phase, start, start + plan.step.warmup_s, start + dur, plan.drain_s,
+                        Counter(s.tier or "none" for s in specs if start + plan.step.warmup_s <= s.arrival_s))
+        rep = self._rep
+        rep.cfg.stage = index
+        self.writer.step_records = []
+        base = (self.prog.sent, self.prog.done, self.prog.errors)
+        if self.display:
+            self.display.start_step(index, load, phase, dur + st.drain_s)
+        es = plan.step.early_stop if early_stop is None else early_stop
+        mon = asyncio.ensure_future(self._monitor(st, es, base))
+        wall0 = time.monotonic()
+        try:
+            if plan.closed:
+                feed = _cycle_until(specs, lambda: self.clock() >= st.w1 or st.stop_reason is not None)
+                await rep.run(feed, t0=self.t0, concurrency=int(load))
+            else:
+                await rep.run(specs, t0=self.t0)
+        finally:
+            mon.cancel()
+            await asyncio.gather(mon, return_exceptions=True)
+        if rep.abort_reason and not self.stopped:
+            self.stopped = rep.abort_reason
+        detail = self._detail(st, list(self.writer.step_records), time.monotonic() - wall0)
+        return StepResult(detail["passed"], detail["stopped_early"], detail)
+
+    async def _settle(self) -> None:
+        """Wait until the target has nothing running or waiting (two scrapes in a row), at most
+        settle_timeout_s; targets without the gauges get half a second."""
+        url = self.target + "/metrics"
+        deadline = time.monotonic() + self.plan.step.settle_timeout_s
+        loop = asyncio.get_running_loop()
+        idle = 0
+        while self._metrics_ok and time.monotonic() < deadline and not self.stopped:
+            try:
+                m = await loop.run_in_executor(None, scrape_once, url, ("vllm:num_requests",), 2.0)
+            except Exception:  # noqa: BLE001 (no /metrics: fall back to a pause)
+                self._metrics_ok = False
+                break
+            busy = [v for k, v in m.items() if k.startswith(("vllm:num_requests_running",
+                                                              "vllm:num_requests_waiting"))]
+            if not busy:
+                self._metrics_ok = False
+                break
+            idle = idle + 1 if sum(busy) == 0 else 0
+            if idle >= 2:
+                return
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)
+
+    async def _monitor(self, st: _StepState, early_stop: bool, base: tuple[int, int, int]) -> None:
+        tick = 0
+        while True:
+            await asyncio.sleep(0.1)
+            tick += 1
+            t = self.clock()
+            if st.w0 <= t < st.w1:
+                st.inflight.append(self.prog.in_flight)
+            if early_stop and st.stop_reason is None and t >= st.w0 and tick % 5 == 0:
+                reason = self._breach(st, t)
+                if reason:
+                    st.stop_reason, st.stopped_at = reason, t
+                    self._rep.stop()
+            if t >= st.w1 + st.drain_s and not st.cut:
+                st.cut = True
+                self._rep.stop()
+            if self.watch and tick % 5 == 0:
+                why = self.watch()
+                if why:
+                    self.stop(why)
+            if self.display and tick % 2 == 0:
+                sent, done, errs = (self.prog.sent - base[0], self.prog.done - base[1], self.prog.errors - base[2])
+                recent = list(self.prog.ttft_ms)[-200:]
+                p99 = f"  TTFT p99 {np.percentile(recent, 99):.0f} ms" if recent else ""
+                self.display.update(t - st.start_s, f"sent {sent}  in flight {self.prog.in_flight}  done {done}  "
+                                                     f"errors {errs}{p99}")
+
+    def _breach(self, st: _StepState, t: float) -> str | None:
+        recs = self.writer.step_records + self._rep.active_records()
+        by_tier: dict[str, list[RequestRecord]] = {}
+        for r in recs:
+            if st.w0 <= r.scheduled_s < st.w1:
+                by_tier.setdefault(r.tier or "none", []).append(r)
+        for tier, slos in self.plan.slos.items():
+            rs = by_tier.get(tier)
+            if not rs:
+                continue
+            sched = np.asarray([r.scheduled_s for r in rs])
+            for slo in slos:
+                vals = np.asarray([metric_value(r, slo.metric, t) for r in rs], dtype=float)
+                known = ~np.isnan(vals)
+                what = f"{tier} p{100 * slo.quantile:g} {slo.metric[:-3].upper()} over {slo.threshold_ms:g} ms"
+                if not self.plan.closed and breach_certain(vals[known], st.planned.get(tier, 0), slo):
+                    n_over = int((vals[known] > slo.threshold_ms).sum())
+                    return (f"{what} whatever follows: {n_over} of {st.planned.get(tier, 0)} planned window "
+                            "requests already over")
+                settled = known & (sched <= t - slo.threshold_ms / 1000.0)
+                if breach_likely(vals[settled], slo, self.plan.step.confidence):
+                    return (f"{what} ({100 * self.plan.step.confidence:g}% confidence interval above it, "
+                            f"{int(settled.sum())} settled requests)")
+        return None
+
+    # -------------------------------------------------------------- the step's figures
+
+    def _detail(self, st: _StepState, records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
+        plan = self.plan
+        w1 = min(st.w1, st.stopped_at) if st.stopped_at is not None else st.w1  # an early stop ends the window
+        window = [r for r in records if st.w0 <= r.scheduled_s < w1]
+        win_s = w1 - st.w0
+        tiers: dict[str, Any] = {}
+        names = list(plan.slos) + sorted({r.tier or "none" for r in window} - set(plan.slos))
+        for tier in names:
+            rs = [r for r in window if (r.tier or "none") == tier]
+            tiers[tier] = _tier_entry(rs, plan.slos.get(tier, []), plan.quantile(tier), plan.step.confidence,
+                                      seed=st.index)
+        judged = [e["passed"] for e in tiers.values() if e["passed"] is not None]
+        passed = bool(judged) and all(judged) and st.stop_reason is None
+        # metrics of this step: from its start to its end (drain included)
+        metrics = [m for m in read_metrics(self.run_dir / "metrics.jsonl")]
+        scraped = _scraped(metrics, st.start_s, st.w0, w1, self.clock())
+        dicts = [json.loads(r.to_json()) for r in window]
+        step_metrics = [m for m in metrics if st.start_s - 1.0 <= m["t"] <= self.clock()]
+        summ = summarize(dicts, goodput=plan.scenario.goodput or None, tier_slos=plan.scenario.tier_slos,
+                         lateness_bound_ms=plan.lateness_bound_ms, metrics=step_metrics)
+        n_ok_tokens = sum(r.output_tokens or 0 for r in window if r.status == "ok")
+        arrivals = len(window) / win_s if win_s > 0 else None
+        sojourn = [r.done_s - r.scheduled_s for r in window if r.done_s is not None]
+        little = arrivals * float(np.mean(sojourn)) if sojourn and arrivals is not None else None
+        measured = float(np.mean(st.inflight)) if st.inflight else None
+        completed = sum(1 for r in window if r.status == "ok")
+        return {
+            "index": st.index, "load": st.load, "phase": st.phase, "passed": passed,
+            "stopped_early": st.stop_reason is not None, "stop_reason": st.stop_reason,
+            "duration_s": round(wall_s, 3), "requests": len(window),
+            "window_s": [round(st.w0, 3), round(w1, 3)], "start_s": round(st.start_s, 3),
+            "offered_rps": arrivals, "throughput_rps": completed / win_s if win_s > 0 else None,
+            "output_tok_s": n_ok_tokens / win_s if win_s > 0 else None,
+            "goodput_rps": _goodput(window, plan.slos, win_s),
+            "concurrency_littles_law": little, "concurrency_measured": measured,
+            "concurrency_agree": None if st.stop_reason else _agree(little, measured),  # no steady state
+            "tiers": tiers,
+            "breakdown": _breakdown(window, scraped.pop("_hist", None)),
+            **scraped,
+            "admission_rejections_client": sum(1 for r in window if r.status == "rejected"),
+            "cut_at_drain": st.cut and st.stop_reason is None,
+            "valid": bool(summ.get("valid")),
+            "summary": summ,
+        }
+
+
+def _tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: float, seed: int) -> dict:
+    ttft = _values(rs, "ttft_ms")
+    j = judge(ttft, SLO("ttft_ms", math.inf, q), confidence, seed=seed)
+    ok_ttft = np.asarray([(r.first_token_s - r.scheduled_s) * 1000.0 for r in rs if r.first_token_s is not None])
+    entry: dict[str, Any] = {
+        "requests": len(rs), "completed": sum(1 for r in rs if r.status == "ok"),
+        "quantile": q, "ttft_ms_q": j.value_ms, "ci_low_ms": j.ci_low_ms, "ci_high_ms": j.ci_high_ms,
+        "passed": None, "confident": None,
+        "p50_ttft_ms": float(np.percentile(ok_ttft, 50)) if ok_ttft.size else None,
+        "p99_ttft_ms": float(np.percentile(ok_ttft, 99)) if ok_ttft.size else None,
+        "failed": j.failed, "censored": sum(1 for r in rs if r.status == "cancelled" and r.first_token_s is None),
+        "slo": [s.as_dict() for s in slos] or None, "judged": {},
+    }
+    if not slos or not rs:
+        return entry
+    verdicts = []
+    for slo in slos:
+        jj = judge(_values(rs, slo.metric), slo, confidence, seed=seed)
+        entry["judged"][slo.metric] = {"value_ms_q": jj.value_ms, "ci_low_ms": jj.ci_low_ms,
+                                       "ci_high_ms": jj.ci_high_ms, "threshold_ms": slo.threshold_ms,
+                                       "passed": jj.passed, "confident": jj.confident, "over": jj.over,
+                                       "n": jj.n}
+        verdicts.append(jj)
+    entry["passed"] = all(v.passed for v in verdicts if v.passed is not None)
+    entry["confident"] = all(v.confident for v in verdicts)
+    return entry
+
+
+def _goodput(window: list[RequestRecord], slos: dict[str, list[SLO]], win_s: float) -> float | None:
+    """Requests per second of the window that met every SLO of their tier (tiers without one: succeeded)."""
+    if win_s <= 0:
+        return None
+    good = 0
+    for r in window:
+        if r.status != "ok":
+            continue
+        if all(metric_value(r, s.metric) <= s.threshold_ms for s in slos.get(r.tier or "none", [])):
+            good += 1
+    return good / win_s
+
+
+def _agree(a: float | None, b: float | None) -> bool | None:
+    if a is None or b is None:
+        return None
+    return abs(a - b) <= max(AGREE_REL * max(a, b), AGREE_ABS)
+
+
+def _mean(xs: list[float]) -> float | None:
+    return float(np.mean(xs)) if xs else None
+
+
+def _breakdown(window: list[RequestRecord], hist: dict[str, float | None] | None) -> dict[str, Any]:
+    """TTFT = queue + prefill + the rest (network + frontend), and decode time, in ms (means over the
+    window's successful requests). From per-request server timing when the target sends it, else from
+    the scraped histograms' deltas over the step."""
+    ok = [r for r in window if r.status == "ok" and r.first_token_s is not None]
+    timed = [r for r in ok if r.server and "queue_ms" in r.server and "prefill_ms" in r.server]
+    ttft = _mean([(r.first_token_s - r.scheduled_s) * 1000.0 for r in ok])
+    if timed:
+        q = _mean([r.server["queue_ms"] for r in timed])
+        p = _mean([r.server["prefill_ms"] for r in timed])
+        d = _mean([r.server["decode_ms"] for r in timed if "decode_ms" in r.server])
+        net = _mean([(r.first_token_s - r.scheduled_s) * 1000.0 - r.server["queue_ms"] - r.server["prefill_ms"]
+                     for r in timed])
+        return {"queue_ms": q, "prefill_ms": p, "network_ms": net, "decode_ms": d, "ttft_ms": ttft,
+                "source": "timing", "requests": len(timed)}
+    if hist and hist.get("queue_ms") is not None and hist.get("prefill_ms") is not None:
+        net = ttft - hist["queue_ms"] - hist["prefill_ms"] if ttft is not None else None
+        return {"queue_ms": hist["queue_ms"], "prefill_ms": hist["prefill_ms"], "network_ms": net,
+                "decode_ms": hist.get("decode_ms"), "ttft_ms": ttft, "source": "metrics",
+                "requests": hist.get("requests")}
+    return {"queue_ms": None, "prefill_ms": None, "network_ms": None, "decode_ms": None, "ttft_ms": ttft,
+            "source": None}
+
+
+def _family(sample: dict[str, float], name: str) -> list[float]:
+    return [v for k, v in sample.items() if k == name or k.startswith(name + "{")]
+
+
+def _scraped(metrics: list[dict], start: float, w0: float, w1: float, end: float) -> dict[str, Any]:
+    """KV usage, batch fill ratio, server-side in-flight (window means) and admission rejections and
+    breakdown histograms (deltas over the whole step) from the scrape."""
+    win = [m["metrics"] for m in metrics if w0 <= m["t"] <= w1]
+    before = [m["metrics"] for m in metrics if m["t"] <= start]
+    during = [m["metrics"] for m in metrics if start < m["t"] <= end]
+    first = before[-1] if before else (during[0] if during else None)
+    last = during[-1] if during else None
+
+    def mean_of(names: tuple[str, ...], combine) -> float | None:
+        vals = []
+        for s in win:
+            for n in names:
+                f = _family(s, n)
+                if f:
+                    vals.append(combine(f))
+                    break
+        return float(np.mean(vals)) if vals else None
+
+    out: dict[str, Any] = {
+        "kv_usage": mean_of(("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), lambda f: float(np.mean(f))),
+        "kv_usage_max": None,
+        "batch_fill_ratio": mean_of(("slobench:batch_fill_ratio",), sum),
+        "server_running": mean_of(("vllm:num_requests_running",), sum),
+        "server_waiting": mean_of(("vllm:num_requests_waiting",), sum),
+        "admission_rejections": None,
+    }
+    kv = [max(_family(s, "vllm:kv_cache_usage_perc") or _family(s, "vllm:gpu_cache_usage_perc") or [math.nan])
+          for s in win]
+    kv = [x for x in kv if not math.isnan(x)]
+    out["kv_usage_max"] = max(kv) if kv else None
+    hist: dict[str, float | None] = {}
+    if first is not None and last is not None:
+        rej_a, rej_b = _family(first, "slobench:admission_rejections_total"), _family(last,
+                                                                                      "slobench:admission_rejections_total")
+        if rej_b:
+            out["admission_rejections"] = int(round(sum(rej_b) - sum(rej_a)))
+        for k, h in BREAKDOWN_HISTOGRAMS.items():
+            ds = sum(_family(last, h + "_sum")) - sum(_family(first, h + "_sum"))
+            dc = sum(_family(last, h + "_count")) - sum(_family(first, h + "_count"))
+            hist[k] = ds / dc * 1000.0 if dc > 0 else None
+            if k == "queue_ms":
+                hist["requests"] = int(dc)
+    out["_hist"] = hist
+    return out
+
+
+# ------------------------------------------------------------------ the run
+
+
+@dataclass
+class CapacityResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    stopped: str | None
+
+
+def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan) -> dict[str, Any] | None:
+    if outcome.rated_load is None:
+        return None
+    steps = [s for s in outcome.steps if s.passed and s.load == outcome.rated_load]
+    if not steps:
+        return None
+    d = steps[-1].result.detail
+    if plan.closed:
+        rate = d.get("throughput_rps")
+        conc = float(outcome.rated_load)
+    else:
+        rate = float(outcome.rated_load)
+        conc = d.get("concurrency_measured")
+    spec = rate * (1.0 - plan.headroom) if rate is not None else None
+    return {
+        "rate_rps": rate, "concurrency": conc,
+        "concurrency_littles_law": d.get("concurrency_littles_law"),
+        "concurrency_measured": d.get("concurrency_measured"),
+        "concurrency_agree": d.get("concurrency_agree"),
+        "output_tok_s": d.get("output_tok_s"), "spec_rate_rps": spec,
+        "spec_concurrency": conc * (1.0 - plan.headroom) if conc is not None else None,
+        "goodput_rps": d.get("goodput_rps"), "step": d.get("index"), "load": outcome.rated_load,
+        "axis": plan.search.axis, "lower_bound": outcome.verdict == "never_broke",
+    }
+
+
+def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str, Any], duration_s: float,
+                  complete: bool, stopped: str | None) -> dict[str, Any]:
+    steps = [s.result.detail | {"phase": s.phase, "index": s.index, "load": s.load} for s in outcome.steps]
+    rated = rated_capacity(outcome, plan)
+    text = outcome.text
+    if rated is not None:
+        text += (f". Spec capacity with {100 * plan.headroom:g}% headroom: {rated['spec_rate_rps']:.3g} req/s"
+                 if rated["spec_rate_rps"] is not None else "")
+        if rated.get("concurrency_agree") is not None:
+            text += (f". Concurrency there: {_f(rated['concurrency_measured'])} measured in flight, "
+                     f"{_f(rated['concurrency_littles_law'])} by Little's law ("
+                     + ("they agree" if rated["concurrency_agree"] else "they DISAGREE: check the client") + ")")
+    if not complete:
+        text = f"INCOMPLETE ({stopped}): " + text
+    late = [st["summary"].get("client_lateness", {}) for st in steps]
+    p99s = [x.get("p99_ms") for x in late if x.get("p99_ms") is not None]
+    invalid = [st["index"] for st in steps if not st.get("valid")]
+    s: dict[str, Any] = {
+        **meta,
+        "duration_s": round(duration_s, 3),
+        "verdict": outcome.verdict, "verdict_text": text, "converged": outcome.converged,
+        "complete": complete, "interrupted": bool(stopped and stopped.startswith("interrupted")),
+        "stopped_early": stopped,
+        "axis": plan.search.axis,
+        "slo": {t: (ss[0].as_dict() if ss else None) for t, ss in plan.slos.items()},
+        "slos": {t: [x.as_dict() for x in ss] for t, ss in plan.slos.items()},
+        "headroom": plan.headroom,
+        "rated_capacity": rated,
+        "first_fail_load": outcome.first_fail_load,
+        "search": dataclasses.asdict(plan.search) | dataclasses.asdict(plan.step) | {"drain_s": plan.drain_s},
+        "steps": steps,
+        "valid": bool(steps) and not invalid,
+        "lateness": {"p99_ms_max": max(p99s) if p99s else None, "bound_ms": plan.lateness_bound_ms,
+                     "invalid_steps": invalid},
+    }
+    if invalid:
+        s["invalid_reason"] = (f"client p99 lateness over {plan.lateness_bound_ms:g} ms in step(s) "
+                               f"{', '.join(map(str, invalid))}: the load generator could not keep the schedule")
+    elif not steps:
+        s["invalid_reason"] = "no step was measured"
+    return s
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _write(run_dir: Path, summary: dict[str, Any]) -> None:
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    tmp.replace(run_dir / "summary.json")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    return str(o)
+
+
+def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = None,
+                 engine_opts: dict[str, Any] | None = None, model: str | None = None, progress: bool = True,
+                 scenario_path: str | None = None, log: Callable[[str], None] | None = None) -> CapacityResult:
+    """The whole capacity run: start the embedded engine when there is no target, search, write the
+    run folder. Raises EngineStartError / TargetError for a target that cannot be used at all."""
+    from .embedded import EmbeddedEngine
+    from .live import CapacityDisplay
+
+    plan = CapacityPlan.from_scenario(scn)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started_at = now_iso()
+    wall0 = time.monotonic()
+    engine = None
+    log = log or (lambda _m: None)
+    try:
+        if not target:
+            engine = EmbeddedEngine(engine_opts if engine_opts is not None else scn.engine,
+                                    log_path=run_dir / "engine.log")
+            log(f"starting the reference engine on {engine.url} ...")
+            target = engine.start()
+        meta = run_metadata("capacity", run_dir.name, scenario={"name": scn.name, "path": scenario_path or scn.source},
+                            target=None if engine else target, started_at=started_at)
+        meta["target"] = target if not engine else f"embedded reference engine ({target})"
+        meta["engine"] = (engine_opts if engine_opts is not None else scn.engine) if engine else None
+        unit = "users" if plan.closed else "req/s"
+        display = CapacityDisplay(f"slobench capacity: {scn.name}", unit, list(plan.slos), enabled=progress)
+        try:
+            result = run_sync(lambda: _search_main(plan, run_dir, target, model, engine, display, meta, wall0))
+        finally:
+            display.close()
+    finally:
+        if engine:
+            engine.stop()
+    return result
+
+
+async def _search_main(plan, run_dir, target, model, engine, display, meta, wall0) -> CapacityResult:
+    runner = CapacityRunner(plan, run_dir, target, model=model, watch=engine.died if engine else None,
+                            display=display)
+    loop = asyncio.get_running_loop()
+    await runner.open()
+    meta["model"] = runner.model
+    (run_dir / "config.json").write_text(json.dumps(
+        {"scenario": meta.get("scenario"), "target": target, "model": runner.model, "engine": meta.get("engine"),
+         "search": dataclasses.asdict(plan.search), "step": dataclasses.asdict(plan.step)}, indent=2,
+        default=str) + "\n")
+    loop.add_signal_handler(signal.SIGINT, runner.stop, "interrupted (Ctrl-C)")
+    search = CapacitySearch(plan.search)
+    try:
+        while runner.stopped is None and (nxt := search.next_step()) is not None:
+            load, phase = nxt
+            res = await runner.measure(load, phase, len(search.steps))
+            if runner.stopped:  # a step cut by Ctrl-C or a dead target says nothing about the load
+                display.status(f"step {len(search.steps)} cut short: {runner.stopped}")
+                break
+            step: Step = search.record(load, res)
+            display.end_step(res.detail | {"phase": step.phase})
+            _write(run_dir, build_summary(plan, search.outcome(), meta=meta, duration_s=time.monotonic() - wall0,
+                                          complete=False, stopped="in progress"))
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        await runner.close()
+    outcome = search.outcome()
+    summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
+                            complete=runner.stopped is None, stopped=runner.stopped)
+    _write(run_dir, summary)
+    return CapacityResult(run_dir, summary, runner.stopped)
+
+
+def measure_fixed(scn: Scenario, loads: Iterable[float], run_dir: str | Path, *, target: str,
+                  early_stop: bool = False, display=None) -> list[dict[str, Any]]:
+    """Measure each load once with the capacity step machinery (a dense sweep, for comparison with the
+    search); returns the step details. ``requests.jsonl`` stages are the loads' positions."""
+    plan = CapacityPlan.from_scenario(scn)
+
+    async def main():
+        runner = CapacityRunner(plan, Path(run_dir), target, display=display)
+        await runner.open()
+        out = []
+        try:
+            for i, load in enumerate(loads):
+                res = await runner.measure(load, "sweep", i, early_stop=early_stop)
+                out.append(res.detail)
+                if display:
+                    display.end_step(res.detail)
+                if runner.stopped:
+                    break
+        finally:
+            await runner.close()
+        return out
+
+    return run_sync(main)
+
+
+# ------------------------------------------------------------------ the command
+
+
+def command(args) -> int:
+    """``slobench capacity``: exit 0 with a verdict (any of the three), 1 when the target failed,
+    130 on Ctrl-C (everything measured is saved either way). Bad input raises ScenarioError."""
+    import sys
+
+    from .client import TargetError
+    from .embedded import EngineStartError
+    from .runner import new_run_id
+    from .scenario import load_scenario
+
+    scn = load_scenario(args.scenario, overrides=list(args.set or []))
+    if args.seed is not None:
+        scn.seed = args.seed
+    target = args.target or scn.target
+    if target and not target.startswith(("http://", "https://")):
+        raise ScenarioError(f"--target must be an http(s) URL, got {target!r}")
+    CapacityPlan.from_scenario(scn)  # bad input fails before an engine starts
+    try:  # the workload itself must build (a bad trace path, an empty trace)
+        step_specs(scn, scn.search.axis if scn.search else "rate", (scn.search.start if scn.search else 1.0),
+                   0, 0.0, (scn.step or StepOptions()).step_duration_s)
+    except ValueError as e:
+        raise ScenarioError(str(e)) from None
+    run_dir = Path(args.out) if args.out else Path(args.reports) / (args.run_id or new_run_id(scn.name))
+    engine_opts = {**scn.engine, **dict(args.engine_opt or [])}
+    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    try:
+        res = run_capacity(scn, run_dir, target=target, engine_opts=engine_opts, model=args.model or scn.model,
+                           progress=not args.no_progress, scenario_path=str(args.scenario), log=say)
+    except EngineStartError as e:
+        say(f"error: could not start the reference engine: {e}")
+        return 1
+    except TargetError as e:
+        say(f"error: {e}")
+        return 1
+    s = res.summary
+    if args.json:
+        print(json.dumps(s, indent=2, default=_json_default))
+    else:
+        print_verdict(s)
+        print(f"results: {res.run_dir}/ (summary.json, requests.jsonl, metrics.jsonl)")
+    if res.stopped:
+        say(f"capacity run ended early: {res.stopped}\n{len(s['steps'])} finished steps saved in {res.run_dir}")
+        return 130 if res.stopped.startswith("interrupted") else 1
+    return 0
+
+
+def print_verdict(s: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    con = Console()
+    r = s.get("rated_capacity")
+    unit = "req/s"
+    if r and s["verdict"] in ("rated", "never_broke"):
+        at_least = "at least " if s["verdict"] == "never_broke" else ""
+        con.print(f"[bold]rated capacity: {at_least}{r['rate_rps']:.3g} req/s[/]"
+                  + (f" at {r['load']:.0f} users" if s["axis"] == "concurrency" else "")
+                  + f"  (spec capacity {r['spec_rate_rps']:.3g} {unit} with {100 * s['headroom']:g}% headroom)")
+        if r.get("concurrency") is not None:
+            con.print(f"concurrency there: {_f(r['concurrency_measured'])} in flight measured, "
+                      f"{_f(r['concurrency_littles_law'])} by Little's law"
+                      + ("" if r.get("concurrency_agree") is None else
+                         (" (they agree)" if r["concurrency_agree"] else " (they DISAGREE)"))
+                      + (f"; output {r['output_tok_s']:.0f} tok/s" if r.get("output_tok_s") else ""))
+    else:
+        con.print("[bold red]no rated capacity[/]")
+    con.print(s["verdict_text"])
+    if not s.get("valid"):
+        con.print(f"[bold red]INVALID RUN:[/] {s.get('invalid_reason', '')}")

@@ -1,0 +1,122 @@
+"""Live display of a capacity search: a table of finished steps and a progress bar for the one under way.
+
+On a terminal it is a rich ``Live`` view on stderr; elsewhere (CI logs, pipes) one plain line per step.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def step_line(step: dict[str, Any], unit: str) -> str:
+    tiers = "  ".join(
+        f"{t} q={_ms(e.get('ttft_ms_q'))}ms" + ("" if e.get("passed") is None else (" ok" if e["passed"] else " FAIL"))
+        for t, e in step["tiers"].items())
+    bd = step.get("breakdown") or {}
+    verdict = "PASS" if step["passed"] else "FAIL"
+    early = " (stopped early)" if step.get("stopped_early") else ""
+    return (f"step {step['index']} {step['phase']:<6} load {step['load']:.3g} {unit}: {verdict}{early}  {tiers}  "
+            f"queue {_ms(bd.get('queue_ms'))} prefill {_ms(bd.get('prefill_ms'))} net {_ms(bd.get('network_ms'))} ms")
+
+
+class CapacityDisplay:
+    def __init__(self, title: str, unit: str, tiers: list[str], enabled: bool = True):
+        self.unit, self.tiers = unit, tiers
+        self.rich = enabled and sys.stderr.isatty()
+        self.enabled = enabled
+        self.rows: list[dict[str, Any]] = []
+        self._status = ""
+        if not self.rich:
+            return
+        from rich.console import Console
+        from rich.live import Live
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.title = title
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[info]}"), console=self.console)
+        self.task = None
+        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+        self.live.start()
+
+    def _table(self):
+        from rich.table import Table
+
+        t = Table(title=self.title, title_justify="left", show_lines=False)
+        for c in ("#", "phase", f"load ({self.unit})", "offered"):
+            t.add_column(c, justify="right")
+        for tier in self.tiers:
+            t.add_column(f"{tier} TTFT q (ms)", justify="right")
+        for c in ("queue", "prefill", "net", "decode", "KV", "fill", "429", "verdict"):
+            t.add_column(c, justify="right")
+        for s in self.rows:
+            bd = s.get("breakdown") or {}
+            cells = [str(s["index"]), s["phase"], f"{s['load']:.3g}", _f(s.get("offered_rps"))]
+            for tier in self.tiers:
+                e = s["tiers"].get(tier) or {}
+                mark = "" if e.get("passed") is None else (" ✓" if e["passed"] else " ✗")
+                cells.append(f"{_ms(e.get('ttft_ms_q'))}{mark}")
+            cells += [_ms(bd.get("queue_ms")), _ms(bd.get("prefill_ms")), _ms(bd.get("network_ms")),
+                      _ms(bd.get("decode_ms")), _pct(s.get("kv_usage")), _pct(s.get("batch_fill_ratio")),
+                      "-" if s.get("admission_rejections") is None else str(s["admission_rejections"]),
+                      ("[green]pass[/]" if s["passed"] else "[red]FAIL[/]") + (" (early)" if s.get("stopped_early")
+                                                                               else "")]
+            t.add_row(*cells)
+        return t
+
+    def _render(self):
+        from rich.console import Group
+        from rich.text import Text
+
+        return Group(self._table(), self.progress, Text(self._status))
+
+    def start_step(self, index: int, load: float, phase: str, total_s: float) -> None:
+        if not self.rich:
+            return
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(f"step {index} ({phase}) {load:.3g} {self.unit}", total=total_s,
+                                           info="")
+        self.live.update(self._render())
+
+    def update(self, elapsed_s: float, info: str) -> None:
+        if self.rich and self.task is not None:
+            self.progress.update(self.task, completed=elapsed_s, info=info)
+
+    def end_step(self, step: dict[str, Any]) -> None:
+        self.rows.append(step)
+        if self.rich:
+            if self.task is not None:
+                self.progress.remove_task(self.task)
+                self.task = None
+            self.live.update(self._render())
+        elif self.enabled:
+            print(step_line(step, self.unit), file=sys.stderr, flush=True)
+
+    def status(self, text: str) -> None:
+        self._status = text
+        if self.rich:
+            self.live.update(self._render())
+        elif self.enabled:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.rich:
+            if self.task is not None:
+                self.progress.remove_task(self.task)
+            self.live.update(self._render())
+            self.live.stop()
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
