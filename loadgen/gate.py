@@ -268,8 +268,16 @@ def resolve(summary: dict[str, Any], metric: str) -> tuple[Any, str]:
         v, path = _dig(summary, "lateness.p99_ms"), "lateness.p99_ms"
     if v is _MISSING and metric == "error_rate":
         v = _error_rate(summary)
-    if (v is None or v is _MISSING) and path.startswith("rated_capacity.") and summary.get("verdict") == "never_met":
-        return 0.0, f"{path} (verdict never_met: 0)"
+    if (v is None or v is _MISSING) and path.startswith("rated_capacity."):
+        if summary.get("verdict") == "never_met":
+            return 0.0, f"{path} (verdict never_met: 0)"
+        axis = summary.get("axis") or "rate"
+        if summary.get("verdict") == "never_broke" and path == {"rate": "rated_capacity.rate_rps",
+                                                               "concurrency": "rated_capacity.concurrency"}.get(axis):
+            passed = [s["load"] for s in summary.get("steps") or []
+                      if isinstance(s, dict) and s.get("passed") is True and _isnum(s.get("load"))]
+            if passed:  # a lower bound: the highest load tried, and it held
+                return max(passed), f"{path} (verdict never_broke: highest passing load)"
     if v is _MISSING and kind(summary) == "capacity":
         step = rated_step(summary)
         if step is not None:
