@@ -222,45 +222,56 @@ class Scheduler:
                     self._preempt(self._victim_order(lower)[0], out)
 
     def _admit(self, budget: int, out: SchedulerOutput, scheduled_ids: set[str], allow_swap_in: bool) -> int:
-        # Swapped requests first: they were admitted once already.
-        for tier in TIERS if allow_swap_in else ():
-            queue = self.swapped[tier]
-            while queue and budget > 0:
-                request = queue[0]
-                seq_ids = [s.seq_id for s in self._live_seqs(request)]
-                blocks = len(self.bm.host_blocks_of(seq_ids))
-                usage_after = 1.0 - (self.bm.num_free_blocks - blocks) / self.bm.num_blocks
-                if (
-                    self.running_slots() + request.params.n > self._slot_limit(tier)
-                    or (self.running and usage_after > self.config.kv_watermark - SWAP_IN_HYSTERESIS)
-                    or not self.bm.can_swap_in(seq_ids)
-                ):
-                    return budget  # strict priority: nothing lower jumps ahead of a swapped request
-                queue.popleft()
-                out.ops.extend(self.bm.swap_in(seq_ids))
-                for seq in self._live_seqs(request):
-                    seq.status = SeqStatus.RUNNING
-                self.running.append(request)
-                budget = self._schedule_request(request, budget, out, scheduled_ids)
+        """Tier by tier: swapped requests first (they were admitted once already), then waiting ones.
+
+        Strict priority: a request that cannot get in stops admission for its tier and every lower one,
+        never for a higher one.
+        """
         for tier in TIERS:
+            if allow_swap_in:
+                budget, blocked = self._swap_in_tier(tier, budget, out, scheduled_ids)
+                if blocked:
+                    return budget
             queue = self.waiting[tier]
             while queue and budget > 0:
                 request = queue[0]
                 if self.running_slots() + request.params.n > self._slot_limit(tier):
                     return budget
-                seq = request.seqs[0]
-                if seq.seq_id not in self.bm.tables:
-                    seq.num_cached_prefix = seq.num_computed = self.bm.allocate_prefix(
-                        seq.seq_id, seq.token_ids
-                    )
-                first_chunk = self._tokens_for(seq, budget)
+                live = self._live_seqs(request)
+                for seq in live:  # a request preempted for recompute may hold n sequences
+                    if seq.seq_id not in self.bm.tables:
+                        seq.num_cached_prefix = seq.num_computed = self.bm.allocate_prefix(seq.seq_id, seq.token_ids)
+                first_chunk = self._tokens_for(live[0], budget)
                 slots = self._slots_for_admission(request, first_chunk)
-                if first_chunk == 0 or not self._kv_fits(tier, self.bm.blocks_needed(seq.seq_id, slots)):
+                if first_chunk == 0 or not self._kv_fits(tier, self.bm.blocks_needed(live[0].seq_id, slots)):
                     return budget
                 queue.popleft()
-                out.ops.extend(self.bm.ensure_slots(seq.seq_id, slots))
-                for s in request.seqs:
-                    s.status = SeqStatus.RUNNING
+                out.ops.extend(self.bm.ensure_slots(live[0].seq_id, slots))
+                for seq in live:
+                    seq.status = SeqStatus.RUNNING
                 self.running.append(request)
                 budget = self._schedule_request(request, budget, out, scheduled_ids)
         return budget
+
+    def _swap_in_tier(self, tier: str, budget: int, out: SchedulerOutput, scheduled_ids: set[str]
+                      ) -> tuple[int, bool]:
+        """Bring back the tier's swapped requests while they fit; (budget left, whether one is left out)."""
+        queue = self.swapped[tier]
+        while queue and budget > 0:
+            request = queue[0]
+            seq_ids = [s.seq_id for s in self._live_seqs(request)]
+            blocks = len(self.bm.host_blocks_of(seq_ids))
+            usage_after = 1.0 - (self.bm.num_free_blocks - blocks) / self.bm.num_blocks
+            if (
+                self.running_slots() + request.params.n > self._slot_limit(tier)
+                or (self.running and usage_after > self.config.kv_watermark - SWAP_IN_HYSTERESIS)
+                or not self.bm.can_swap_in(seq_ids)
+            ):
+                return budget, True
+            queue.popleft()
+            out.ops.extend(self.bm.swap_in(seq_ids))
+            for seq in self._live_seqs(request):
+                seq.status = SeqStatus.RUNNING
+            self.running.append(request)
+            budget = self._schedule_request(request, budget, out, scheduled_ids)
+        return budget, False

@@ -241,3 +241,29 @@ def test_stop_prefix_overlap():
     assert stop_prefix_overlap("hello wor", ["world"]) == 3
     assert stop_prefix_overlap("hello", ["world", "lo!"]) == 2
     assert stop_prefix_overlap("hello", []) == 0
+
+
+def test_n_sequences_survive_recompute_preemption():
+    params = SamplingParams(n=2, max_tokens=24, temperature=0, ignore_eos=True)
+    ps = prompts(4, seed=5)
+    expected = [[o.token_ids for o in r.outputs] for r in make_engine().generate(ps, params)]
+    engine = make_engine(num_kv_blocks=12, num_host_blocks=0, prefill_chunk_size=16, rebatch_interval=1)
+    got = [[o.token_ids for o in r.outputs] for r in engine.generate(ps, params)]
+    assert got == expected
+    assert engine.stats().num_preemptions > 0
+    engine.check_integrity()
+
+
+def test_swapped_basic_request_does_not_block_premium_admission():
+    engine = make_engine(num_kv_blocks=12, kv_watermark=0.8, rebatch_interval=1, max_num_seqs=8)
+    long = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    for p in prompts(4, seed=6):
+        engine.add_request(p, long, tier="basic")
+    while engine.scheduler.num_swapped() == 0 and engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.num_swapped() > 0, "the tight pool should push a basic request to host memory"
+    premium = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
+                                 tier="premium")
+    for _ in range(3):
+        engine.step()
+    assert premium not in engine.requests or engine.requests[premium].first_scheduled_time is not None
