@@ -61,6 +61,16 @@ class TierJudgement:
                 "broken": self.broken, "certain": self.certain}
 
 
+def bucket_3_significant(response_time: float) -> float:
+    """Locust's histogram key for a response time (ms) at 3 significant digits (147.3 -> 147,
+    14.73 -> 14.7, 1473 -> 1470), so a percentile read from the histogram is within ±0.5%; Locust's own
+    ``bucket_response_time`` keeps 2 (147 -> 150: up to ±5%)."""
+    if response_time <= 0:
+        return 0
+    digits = 2 - math.floor(math.log10(response_time))
+    return round(response_time, digits) if digits > 0 else int(round(response_time, digits))
+
+
 def quantile(values: list[float], q: float) -> float:
     """numpy's linear interpolation (as ``p99_ttft_ms`` in the summary); ``inf`` when it reaches a
     failed request."""

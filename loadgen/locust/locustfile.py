@@ -21,7 +21,6 @@ documented module-level hook), so the percentiles Locust prints are within 0.5% 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ import locust.stats
 from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
+from loadgen.locust.collect import bucket_3_significant
 from loadgen.locust.plan import parse_steps, plan_from_scenario, plan_from_specs_file
 from loadgen.locust.shape import CONTROL, MSG_START, MSG_STOP, SLORampShape, start_sending, stop_local
 from loadgen.locust.users import STATE, ClosedLoopUser, OpenLoopDriver
@@ -39,15 +39,6 @@ from loadgen.locust.users import STATE, ClosedLoopUser, OpenLoopDriver
 __all__ = ["ClosedLoopUser", "OpenLoopDriver", "SLORampShape"]
 
 log = logging.getLogger("slobench.locust")
-
-
-def bucket_3_significant(response_time: float) -> float:
-    """Locust's histogram key for a response time (ms): 3 significant digits (147.3 -> 147,
-    14.73 -> 14.7, 1473 -> 1470), so a percentile read from the histogram is within ±0.5%."""
-    if response_time <= 0:
-        return 0
-    digits = 2 - math.floor(math.log10(response_time))
-    return round(response_time, digits) if digits > 0 else int(round(response_time, digits))
 
 
 locust.stats.bucket_response_time = bucket_3_significant

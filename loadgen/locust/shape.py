@@ -159,6 +159,13 @@ class Control:
     def finish(self) -> None:
         if not self.finished:
             self.finished = True
+            self.poll_local()
+            t = time.monotonic() - self.t0_mono
+            for st in self.plan.stages:  # stages still open: judged on everything that came in
+                if st.index not in self.judged and t >= st.start_s:
+                    js = self.collector.judge(st.index, final=True)
+                    self.judged[st.index] = {**st.describe(), "slo": [j.as_dict() for j in js],
+                                             "passed": not any(j.broken for j in js)}
             self.write_outputs()
         return None
 
