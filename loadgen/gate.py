@@ -265,7 +265,10 @@ def resolve(summary: dict[str, Any], metric: str) -> tuple[Any, str]:
     path = ALIASES.get(metric, metric)
     v = _dig(summary, path)
     if v is _MISSING and path == "client_lateness.p99_ms":
-        v, path = _dig(summary, "lateness.p99_ms"), "lateness.p99_ms"
+        for alt in ("lateness.p99_ms", "lateness.p99_ms_max"):  # run / capacity summaries
+            v, path = _dig(summary, alt), alt
+            if v is not _MISSING:
+                break
     if v is _MISSING and metric == "error_rate":
         v = _error_rate(summary)
     if (v is None or v is _MISSING) and path.startswith("rated_capacity."):

@@ -269,8 +269,8 @@ def rated_load(run: RunData) -> tuple[float | None, float | None]:
     if not isinstance(rc, dict):
         return None, None
     axis, _ = load_axis(run)
-    if axis == "concurrency":
-        rated = rc.get("concurrency")
+    if axis == "concurrency":  # the steps' load is the number of users; rc["concurrency"] is what was in flight
+        rated = rc.get("load") if isinstance(rc.get("load"), (int, float)) else rc.get("concurrency")
         head = run.summary.get("headroom")
         spec = rated * (1 - head) if isinstance(rated, (int, float)) and isinstance(head, (int, float)) else None
         return rated, spec

@@ -88,7 +88,8 @@ def load_vs_ttft(run: d.RunData, steps: list[dict]) -> go.Figure | None:
                         annotation_position="top left")
     rated, spec = d.rated_load(run)
     if _num(rated) is not None:
-        f.add_vline(x=rated, line=dict(color="#000", width=2), annotation_text=f"rated {rated:.3g}",
+        bound = "≥ " if (run.summary.get("rated_capacity") or {}).get("lower_bound") else ""
+        f.add_vline(x=rated, line=dict(color="#000", width=2), annotation_text=f"rated {bound}{rated:.3g}",
                     annotation_position="top right")
     if _num(spec) is not None:
         f.add_vline(x=spec, line=dict(color="#000", width=1, dash="dot"), annotation_text=f"spec {spec:.3g}",
