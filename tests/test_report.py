@@ -211,6 +211,14 @@ def test_cli_report_and_compare(tmp_path, capsys):
     assert "report:" in capsys.readouterr().out
 
 
+def test_concurrency_axis(tmp_path):
+    run = make_capacity_run(tmp_path / "conc", axis="concurrency")
+    load = _plots(write_report(run).read_text())[0]
+    assert load["layout"]["xaxis"]["title"]["text"].startswith("concurrency")
+    # rated at 10 users (the step's load), spec 8 (20% headroom), not the in-flight count (2)
+    assert {s.get("x0") for s in load["layout"]["shapes"] if s.get("x0") is not None} >= {10.0, 8.0}
+
+
 def test_capacity_with_records_but_no_step_breakdown(tmp_path):
     """Steps without a breakdown get one from the records' server timing of that stage."""
     run = make_capacity_run(tmp_path / "c")
