@@ -192,6 +192,16 @@ def test_export_parquet_and_csv(tmp_path):
     assert failed["ttft_ms"].isna().all() and failed["status"].iloc[0] == "timeout"
 
 
+def test_export_falls_back_to_csv_without_pyarrow(tmp_path, monkeypatch):
+    import loadgen.export as ex
+
+    monkeypatch.setattr(ex, "have_pyarrow", lambda: False)
+    run = make_fixed_run(tmp_path / "csv", n=10)
+    write_report(run)
+    assert (run / "requests.csv").is_file() and not (run / "requests.parquet").exists()
+    assert len(pd.read_csv(run / "requests.csv")) == 10
+
+
 def test_auto_report_never_raises(tmp_path, capsys, monkeypatch):
     assert auto_report(tmp_path / "nope") is None
     assert "warning: could not write the HTML report" in capsys.readouterr().err
