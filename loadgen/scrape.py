@@ -2,7 +2,7 @@
 
 Runs in its own process so parsing a large exposition never steals time from the replayer's event
 loop. Each line: ``{"t": seconds since the run start, "metrics": {"name{label=\"v\",...}": value}}``
-(or ``"error"``). Only families with the given prefixes are kept (``vllm:`` by default), so the same
+(or ``"error"``). Only families with the given prefixes are kept (``vllm:`` and ``slobench:`` by default), so the same
 breakdown code works against the reference engine and a real vLLM.
 """
 
@@ -17,8 +17,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+# vLLM's names (so breakdowns work against a real vLLM) and the reference engine's service-health signals.
+DEFAULT_PREFIXES = ("vllm:", "slobench:")
 
-def parse_metrics(text: str, prefixes: Sequence[str] = ("vllm:",)) -> dict[str, float]:
+
+def parse_metrics(text: str, prefixes: Sequence[str] = DEFAULT_PREFIXES) -> dict[str, float]:
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         if prefixes and not fam.name.startswith(tuple(prefixes)):
@@ -34,13 +37,13 @@ def parse_metrics(text: str, prefixes: Sequence[str] = ("vllm:",)) -> dict[str, 
     return out
 
 
-def scrape_once(url: str, prefixes: Sequence[str] = ("vllm:",), timeout: float = 2.0) -> dict[str, float]:
+def scrape_once(url: str, prefixes: Sequence[str] = DEFAULT_PREFIXES, timeout: float = 2.0) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (loopback target URL)
         return parse_metrics(r.read().decode("utf-8", "replace"), prefixes)
 
 
 def scrape_loop(url: str, out_path: str, t0, stop, interval_s: float = 1.0,
-                prefixes: Sequence[str] = ("vllm:",), ready=None, go=None) -> None:
+                prefixes: Sequence[str] = DEFAULT_PREFIXES, ready=None, go=None) -> None:
     """Scrape until ``stop`` (a multiprocessing Event) is set; one final scrape after it. With ``ready``
     and ``go`` events, signal ready once imported and wait for ``go``; ``t0`` is then read from a shared
     value (the run start, known only then)."""
@@ -70,7 +73,7 @@ class Scraper:
     """A scraper process: ``start()`` at the run start, ``stop()`` at its end."""
 
     def __init__(self, target: str, out_path: str | Path, interval_s: float = 1.0,
-                 prefixes: Sequence[str] = ("vllm:",)):
+                 prefixes: Sequence[str] = DEFAULT_PREFIXES):
         ctx = mp.get_context("spawn")
         self._stop, self._ready, self._go = ctx.Event(), ctx.Event(), ctx.Event()
         self._t0 = ctx.Value("d", 0.0)
