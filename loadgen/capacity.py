@@ -42,7 +42,7 @@ from .runmeta import now_iso, run_metadata
 from .scenario import Scenario, ScenarioError, StepOptions, scale_specs
 from .scrape import Scraper, read_metrics, scrape_once
 from .search import CapacitySearch, SearchConfig, SearchOutcome, Step, StepResult
-from .slo import SLO, breach_certain, breach_likely, judge
+from .slo import SLO, breach_certain, breach_likely, judge, quantile
 from .summary import BREAKDOWN_HISTOGRAMS, summarize
 from .traces import TraceError, load_trace
 from .workloads import RequestSpec
@@ -50,6 +50,7 @@ from .workloads import RequestSpec
 SCRAPE_PREFIXES = ("vllm:", "slobench:")
 AGREE_REL = 0.10  # Little's law vs measured in-flight: relative agreement ...
 AGREE_ABS = 0.25  # ... or this many requests apart (tiny concurrencies)
+CLEAR_PASS_MIN = 30  # settled requests before a step may pass early
 
 
 @dataclass
@@ -110,8 +111,9 @@ def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float
             specs = [s for s in specs if s.arrival_s < duration_s]
     else:
         opts = dataclasses.replace(scn.trace_options, seed=seed)
-        if axis == "rate":
+        if axis == "rate":  # the trace's first load x duration rows, stretched to the step: its own bursts
             opts.rate = load
+            opts.max_requests = max(2, math.ceil(load * duration_s))
             opts.max_duration_s = duration_s
             if opts.arrivals is not None:
                 opts.arrivals = dataclasses.replace(opts.arrivals, rate=load)
@@ -127,6 +129,14 @@ def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float
         s.id = f"s{index}-{s.id}"
         s.arrival_s = start_s + (s.arrival_s if axis == "rate" else 0.0)
     return specs
+
+
+def _feed(specs: list[RequestSpec], stop: Callable[[], bool]) -> Iterator[RequestSpec]:
+    """Open-loop feed: the specs in order until ``stop()`` (checked as each one is due to be sent)."""
+    for s in specs:
+        if stop():
+            return
+        yield s
 
 
 def _cycle_until(specs: list[RequestSpec], stop: Callable[[], bool]) -> Iterator[RequestSpec]:
@@ -202,10 +212,10 @@ class _StepState:
     drain_s: float
     planned: Counter  # open loop: window requests per tier, known in advance
     inflight: list[int] = dataclasses.field(default_factory=list)
+    early: str | None = None  # "breach" (stopped, in-flight cancelled) | "pass" (sending stopped, drained)
     stop_reason: str | None = None
-    stopped_at: float | None = None  # run clock when the early stop fired
+    stopped_at: float | None = None  # run clock when the early stop fired: the window ends there
     cut: bool = False
-    sending_done: bool = False
 
 
 class CapacityRunner:
@@ -286,10 +296,10 @@ class CapacityRunner:
         wall0 = time.monotonic()
         try:
             if plan.closed:
-                feed = _cycle_until(specs, lambda: self.clock() >= st.w1 or st.stop_reason is not None)
+                feed = _cycle_until(specs, lambda: self.clock() >= st.w1 or st.early is not None)
                 await rep.run(feed, t0=self.t0, concurrency=int(load))
             else:
-                await rep.run(specs, t0=self.t0)
+                await rep.run(_feed(specs, lambda: st.early is not None), t0=self.t0)
         finally:
             mon.cancel()
             await asyncio.gather(mon, return_exceptions=True)
@@ -330,12 +340,17 @@ class CapacityRunner:
             t = self.clock()
             if st.w0 <= t < st.w1:
                 st.inflight.append(self.prog.in_flight)
-            if early_stop and st.stop_reason is None and t >= st.w0 and tick % 5 == 0:
+            if early_stop and st.early is None and t >= st.w0 and tick % 5 == 0:
                 reason = self._breach(st, t)
                 if reason:
-                    st.stop_reason, st.stopped_at = reason, t
+                    st.early, st.stop_reason, st.stopped_at = "breach", reason, t
                     self._rep.stop()
-            if t >= st.w1 + st.drain_s and not st.cut:
+                elif self.plan.step.early_pass and t >= st.w0 + self._min_window():
+                    reason = self._clear_pass(st, t)
+                    if reason:  # stop sending; what is in flight finishes (the drain below still applies)
+                        st.early, st.stop_reason, st.stopped_at = "pass", reason, t
+            send_end = st.stopped_at if st.early == "pass" else st.w1
+            if t >= send_end + st.drain_s and not st.cut:
                 st.cut = True
                 self._rep.stop()
             if self.watch and tick % 5 == 0:
@@ -348,6 +363,33 @@ class CapacityRunner:
                 p99 = f"  TTFT p99 {np.percentile(recent, 99):.0f} ms" if recent else ""
                 self.display.update(t - st.start_s, f"sent {sent}  in flight {self.prog.in_flight}  done {done}  "
                                                      f"errors {errs}{p99}")
+
+    def _min_window(self) -> float:
+        return max(2.0, 0.25 * self.plan.step.window_s)
+
+    def _clear_pass(self, st: _StepState, t: float) -> str | None:
+        """Every SLO far from breaking: over the window's settled requests of *all* tiers pooled (at
+        least CLEAR_PASS_MIN of them), each SLO's quantile is under pass_margin x its threshold. Pooling
+        lets a light load decide early; it is conservative for a prioritised tier (premium is served
+        first, so its latencies sit below the pool's)."""
+        horizon = max(s.threshold_ms for ss in self.plan.slos.values() for s in ss) / 1000.0
+        recs = self.writer.step_records + self._rep.active_records()
+        settled = [r for r in recs if st.w0 <= r.scheduled_s <= t - horizon]
+        if len(settled) < CLEAR_PASS_MIN:
+            return None
+        margin = self.plan.step.pass_margin
+        worst = 0.0
+        for slos in self.plan.slos.values():
+            for slo in slos:
+                v = _values(settled, slo.metric, t)
+                if v.size < CLEAR_PASS_MIN:
+                    return None
+                ratio = quantile(v, slo.quantile) / slo.threshold_ms
+                if not ratio <= margin:
+                    return None
+                worst = max(worst, ratio)
+        return (f"clear pass: every SLO quantile at most {100 * worst:.0f}% of its threshold over "
+                f"{len(settled)} settled requests (all tiers pooled)")
 
     def _breach(self, st: _StepState, t: float) -> str | None:
         recs = self.writer.step_records + self._rep.active_records()
@@ -388,7 +430,7 @@ class CapacityRunner:
             tiers[tier] = _tier_entry(rs, plan.slos.get(tier, []), plan.quantile(tier), plan.step.confidence,
                                       seed=st.index)
         judged = [e["passed"] for e in tiers.values() if e["passed"] is not None]
-        passed = bool(judged) and all(judged) and st.stop_reason is None
+        passed = bool(judged) and all(judged) and st.early != "breach"
         # metrics of this step: from its start to its end (drain included)
         metrics = [m for m in read_metrics(self.run_dir / "metrics.jsonl")]
         scraped = _scraped(metrics, st.start_s, st.w0, w1, self.clock())
@@ -404,19 +446,19 @@ class CapacityRunner:
         completed = sum(1 for r in window if r.status == "ok")
         return {
             "index": st.index, "load": st.load, "phase": st.phase, "passed": passed,
-            "stopped_early": st.stop_reason is not None, "stop_reason": st.stop_reason,
+            "stopped_early": st.early is not None, "early": st.early, "stop_reason": st.stop_reason,
             "duration_s": round(wall_s, 3), "requests": len(window),
             "window_s": [round(st.w0, 3), round(w1, 3)], "start_s": round(st.start_s, 3),
             "offered_rps": arrivals, "throughput_rps": completed / win_s if win_s > 0 else None,
             "output_tok_s": n_ok_tokens / win_s if win_s > 0 else None,
             "goodput_rps": _goodput(window, plan.slos, win_s),
             "concurrency_littles_law": little, "concurrency_measured": measured,
-            "concurrency_agree": None if st.stop_reason else _agree(little, measured),  # no steady state
+            "concurrency_agree": None if st.early == "breach" else _agree(little, measured),  # not steady
             "tiers": tiers,
             "breakdown": _breakdown(window, scraped.pop("_hist", None)),
             **scraped,
             "admission_rejections_client": sum(1 for r in window if r.status == "rejected"),
-            "cut_at_drain": st.cut and st.stop_reason is None,
+            "cut_at_drain": st.cut and st.early != "breach",
             "valid": bool(summ.get("valid")),
             "summary": summ,
         }
@@ -601,6 +643,8 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
     late = [st["summary"].get("client_lateness", {}) for st in steps]
     p99s = [x.get("p99_ms") for x in late if x.get("p99_ms") is not None]
     invalid = [st["index"] for st in steps if not st.get("valid")]
+    deciding = _deciding_steps(outcome)
+    bad = [i for i in invalid if i in deciding]
     s: dict[str, Any] = {
         **meta,
         "duration_s": round(duration_s, 3),
@@ -615,16 +659,29 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
         "first_fail_load": outcome.first_fail_load,
         "search": dataclasses.asdict(plan.search) | dataclasses.asdict(plan.step) | {"drain_s": plan.drain_s},
         "steps": steps,
-        "valid": bool(steps) and not invalid,
+        "valid": bool(steps) and not bad,
         "lateness": {"p99_ms_max": max(p99s) if p99s else None, "bound_ms": plan.lateness_bound_ms,
-                     "invalid_steps": invalid},
+                     "invalid_steps": invalid, "deciding_steps": deciding},
     }
-    if invalid:
+    if bad:
         s["invalid_reason"] = (f"client p99 lateness over {plan.lateness_bound_ms:g} ms in step(s) "
-                               f"{', '.join(map(str, invalid))}: the load generator could not keep the schedule")
+                               f"{', '.join(map(str, bad))}, which decide the verdict: the load generator could not "
+                               "keep the schedule")
     elif not steps:
         s["invalid_reason"] = "no step was measured"
     return s
+
+
+def _deciding_steps(outcome: SearchOutcome) -> list[int]:
+    """The steps the verdict rests on: the rated step and the first failure above it (rated), the
+    highest pass (never_broke), every step (never_met). A late client elsewhere does not change it."""
+    if outcome.verdict == "never_met":
+        return [s.index for s in outcome.steps]
+    keep = []
+    for load, want in ((outcome.rated_load, True), (outcome.first_fail_load, False)):
+        hits = [s.index for s in outcome.steps if s.load == load and s.passed == want]
+        keep += hits[-1:]
+    return keep
 
 
 def _f(x: float | None) -> str:
@@ -665,11 +722,16 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
             engine = EmbeddedEngine(engine_opts if engine_opts is not None else scn.engine,
                                     log_path=run_dir / "engine.log")
             log(f"starting the reference engine on {engine.url} ...")
+            t_eng = time.monotonic()
             target = engine.start()
+            engine_start_s = time.monotonic() - t_eng
+        else:
+            engine_start_s = None
         meta = run_metadata("capacity", run_dir.name, scenario={"name": scn.name, "path": scenario_path or scn.source},
                             target=None if engine else target, started_at=started_at)
         meta["target"] = target if not engine else f"embedded reference engine ({target})"
         meta["engine"] = (engine_opts if engine_opts is not None else scn.engine) if engine else None
+        meta["engine_start_s"] = engine_start_s
         unit = "users" if plan.closed else "req/s"
         display = CapacityDisplay(f"slobench capacity: {scn.name}", unit, list(plan.slos), enabled=progress)
         try:

@@ -248,7 +248,8 @@ def cmd_run(args) -> int:
                     max_conn=_pick(args.max_connections, scn.max_connections),
                     lateness=_pick(args.lateness_bound_ms, scn.lateness_bound_ms),
                     concurrency=scn.arrivals.concurrency if scn.arrivals and scn.arrivals.closed else 0,
-                    read_timeout=scn.read_timeout_s, meta={"scenario": str(args.scenario), "workload": info})
+                    read_timeout=scn.read_timeout_s,
+                    meta={"scenario": str(args.scenario), "scenario_name": scn.name, "workload": info})
 
 
 def cmd_replay(args) -> int:

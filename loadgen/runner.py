@@ -23,6 +23,7 @@ import numpy as np
 
 from .client import ClientConfig, Progress, Replayer, TargetError, run_sync
 from .records import RecordWriter, read_records
+from .runmeta import now_iso
 from .scrape import Scraper, read_metrics
 from .summary import summarize
 from .workloads import RequestSpec
@@ -58,6 +59,7 @@ def new_run_id(name: str) -> str:
 def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     run_dir = Path(opts.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    started_at = now_iso()
     req_path, met_path = run_dir / "requests.jsonl", run_dir / "metrics.jsonl"
     for p in (req_path, met_path):
         p.unlink(missing_ok=True)
@@ -80,8 +82,27 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     summary["model"] = model
     summary["requests_planned"] = len(specs)
     summary["stopped_early"] = stopped
+    summary = {**_metadata(opts, run_dir, config.get("driver", "aiohttp"), started_at), **summary}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     return RunResult(run_dir, summary, stopped)
+
+
+def _metadata(opts: RunOptions, run_dir: Path, driver: str, started_at: str) -> dict[str, Any]:
+    """The metadata keys every summary.json carries (kind run | replay, scenario, target, versions ...)."""
+    from .runmeta import run_metadata
+
+    meta = opts.meta
+    if isinstance(meta.get("scenario"), str):
+        scenario = {"name": meta.get("scenario_name") or Path(meta["scenario"]).stem, "path": meta["scenario"]}
+        kind = "run"
+    elif isinstance(meta.get("trace"), dict):
+        path = meta["trace"].get("path")
+        scenario = {"name": Path(path).stem.split(".")[0] if path else None, "path": path}
+        kind = "replay"
+    else:
+        scenario, kind = None, meta.get("kind", "run")
+    return run_metadata(kind, run_dir.name, scenario=scenario, target=opts.client.target, started_at=started_at,
+                        driver=driver)
 
 
 # ------------------------------------------------------------------ one process

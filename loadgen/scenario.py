@@ -33,7 +33,9 @@ search:                    # for ``slobench capacity`` (see loadgen/capacity.py)
   quantile: 0.99           # SLO quantile (a tier's slo.quantile overrides it)
   confidence: 0.95         # bootstrap interval of the quantile
   drain_s: null            # after sending: wait this long for answers (default 2x the largest SLO)
-  early_stop: true         # end a step once its breach is certain
+  early_stop: true         # end a step once its breach is certain ...
+  early_pass: true         # ... or once every SLO quantile is under pass_margin x its threshold
+  pass_margin: 0.5
 headroom: 0.2              # spec capacity = rated x (1 - headroom)
 ```
 Trace workloads also take ``input_scale`` / ``output_scale`` (multiply lengths; a Mooncake hash block shrinks
@@ -179,7 +181,9 @@ class StepOptions:
     quantile: float = 0.99
     confidence: float = 0.95
     drain_s: float | None = None  # None: 2x the largest SLO threshold, at least 2 s
-    early_stop: bool = True
+    early_stop: bool = True  # end a step once its breach is certain
+    early_pass: bool = True  # ... or once every SLO is clearly met (quantile under pass_margin x threshold)
+    pass_margin: float = 0.5
     settle_timeout_s: float = 30.0  # wait for the target to go idle between steps
 
     @property
@@ -528,11 +532,15 @@ def _search(node: _Node) -> tuple[SearchConfig, StepOptions]:
         confidence=node.get("confidence", float, 0.95, positive=True),
         drain_s=node.get("drain_s", (float, type(None)), None, min_value=0.0),
         early_stop=node.get("early_stop", bool, True),
+        early_pass=node.get("early_pass", bool, True),
+        pass_margin=node.get("pass_margin", float, 0.5, positive=True),
         settle_timeout_s=node.get("settle_timeout_s", float, 30.0, min_value=0.0),
     )
     if not step.warmup_s < step.step_duration_s:
         raise ScenarioError(f"search.warmup_s: expected less than step_duration_s ({step.step_duration_s:g}), "
                             f"found {step.warmup_s:g}")
+    if not step.pass_margin < 1:
+        raise ScenarioError(f"search.pass_margin: expected a fraction in (0, 1), found {step.pass_margin!r}")
     if not step.confidence < 1:
         raise ScenarioError(f"search.confidence: expected a fraction in (0, 1), found {step.confidence!r}")
     start = node.get("start", float, 1.0, positive=True)

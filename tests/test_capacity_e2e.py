@@ -1,0 +1,186 @@
+"""``slobench capacity`` end to end: against the mock server (clear verdicts, Ctrl-C) and the embedded
+reference engine (a short ramp that breaks), checking the run folder against the summary contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loadgen.embedded import free_port, wait_healthy
+from loadgen.records import read_records
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+TOP_KEYS = {"kind", "run_id", "scenario", "target", "driver", "started_at", "duration_s", "verdict", "verdict_text",
+            "axis", "slo", "headroom", "rated_capacity", "steps", "valid", "lateness", "versions", "git_commit",
+            "machine"}
+RATED_KEYS = {"rate_rps", "concurrency", "concurrency_littles_law", "concurrency_measured", "concurrency_agree",
+              "output_tok_s", "spec_rate_rps"}
+STEP_KEYS = {"index", "load", "phase", "passed", "stopped_early", "duration_s", "requests", "tiers", "breakdown",
+             "kv_usage", "batch_fill_ratio", "admission_rejections", "summary"}
+TIER_KEYS = {"requests", "ttft_ms_q", "ci_low_ms", "ci_high_ms", "passed", "p50_ttft_ms", "p99_ttft_ms"}
+BREAKDOWN_KEYS = {"queue_ms", "prefill_ms", "network_ms", "decode_ms", "source"}
+
+
+def slobench(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def check_contract(s: dict) -> None:
+    assert set(s) >= TOP_KEYS, TOP_KEYS - set(s)
+    assert s["kind"] == "capacity" and s["driver"] == "aiohttp" and {"name", "path"} <= set(s["scenario"])
+    assert s["verdict"] in ("rated", "never_met", "never_broke") and s["axis"] in ("rate", "concurrency")
+    assert {"slobench", "python"} <= set(s["versions"])
+    for tier, slo in s["slo"].items():
+        assert slo is None or set(slo) == {"metric", "quantile", "threshold_ms"}, (tier, slo)
+    if s["rated_capacity"] is not None:
+        assert set(s["rated_capacity"]) >= RATED_KEYS
+    for i, st in enumerate(s["steps"]):
+        assert set(st) >= STEP_KEYS, STEP_KEYS - set(st)
+        assert st["index"] == i and st["phase"] in ("ramp", "bisect") and isinstance(st["passed"], bool)
+        assert set(st["breakdown"]) >= BREAKDOWN_KEYS
+        for e in st["tiers"].values():
+            assert set(e) >= TIER_KEYS
+        assert {"mean_ttft_ms", "p99_ttft_ms", "request_throughput", "output_throughput", "errors",
+                "client_lateness"} <= set(st["summary"])
+    json.dumps(s, allow_nan=False)  # strict JSON: no NaN / Infinity anywhere
+
+
+@pytest.fixture
+def mock_server():
+    procs = []
+
+    def start(*args):
+        port = free_port()
+        p = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "mock-server", "--port", str(port),
+                              *map(str, args)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        procs.append(p)
+        wait_healthy(f"http://127.0.0.1:{port}", p, 30)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            p.wait(10)
+
+
+def scenario(tmp_path: Path, search: str, tiers: str = "{standard: {slo: {ttft_ms: 300}}}") -> Path:
+    p = tmp_path / "scn.yaml"
+    p.write_text(f"name: cap-test\nworkload: {{input_len: 8, output_len: 4}}\ntiers: {tiers}\n"
+                 f"search: {search}\nclient: {{lateness_bound_ms: 200}}\n")
+    return p
+
+
+def test_target_too_slow_is_never_met(mock_server, tmp_path):
+    url = mock_server("--ttft-ms", 400, "--itl-ms", 1)  # every first token 400 ms > the 300 ms SLO
+    scn = scenario(tmp_path, "{start: 4, growth: 2, min_load: 1, step_duration_s: 2.5, warmup_s: 0.5}")
+    r = slobench("capacity", scn, "--target", url, "--out", tmp_path / "run", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no rated capacity" in r.stdout and "never met" in r.stdout and "Traceback" not in r.stderr
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    check_contract(s)
+    assert s["verdict"] == "never_met" and s["rated_capacity"] is None
+    assert [st["load"] for st in s["steps"]] == [4, 2, 1] and not any(st["passed"] for st in s["steps"])
+    # the breach is certain within the first half second of each window: no step runs its full length
+    assert all(st["stopped_early"] for st in s["steps"])
+    assert s["target"] == url
+
+
+def test_target_too_fast_never_broke_and_records_have_stages(mock_server, tmp_path):
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
+    scn = scenario(tmp_path, "{start: 5, growth: 2, max_load: 20, step_duration_s: 2.5, warmup_s: 0.5,"
+                             " early_pass: false}")
+    r = slobench("capacity", scn, "--target", url, "--out", tmp_path / "run", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(r.stdout)
+    check_contract(s)
+    assert s["verdict"] == "never_broke" and "at least" in s["verdict_text"]
+    assert [st["load"] for st in s["steps"]] == [5, 10, 20] and all(st["passed"] for st in s["steps"])
+    rc = s["rated_capacity"]
+    assert rc["rate_rps"] == 20 and rc["spec_rate_rps"] == pytest.approx(16) and rc["lower_bound"]
+    recs = read_records(tmp_path / "run" / "requests.jsonl")
+    stages = {x["stage"] for x in recs}
+    assert stages == {0, 1, 2}
+    for st in s["steps"]:  # the measured window lies inside its own stage, warm-up excluded
+        w0, w1 = st["window_s"]
+        mine = [x for x in recs if x["stage"] == st["index"]]
+        inside = [x for x in mine if w0 <= x["scheduled_s"] < w1]
+        assert len(inside) == st["requests"] and len(mine) > len(inside)
+        assert abs(st["offered_rps"] - st["load"]) / st["load"] < 0.6  # Poisson over 2 s
+    assert all(x["status"] == "ok" for x in recs)
+
+
+def test_ctrl_c_saves_the_finished_steps(mock_server, tmp_path):
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
+    scn = scenario(tmp_path, "{start: 2, growth: 2, max_load: 64, step_duration_s: 2, warmup_s: 0.5,"
+                             " early_pass: false}")
+    p = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "capacity", str(scn), "--target", url, "--out",
+                          str(tmp_path / "run"), "--no-progress"], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    summary = tmp_path / "run" / "summary.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (summary.exists() and json.loads(summary.read_text())["steps"]):
+        time.sleep(0.2)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    s = json.loads(summary.read_text())
+    check_contract(s)
+    assert s["interrupted"] and not s["complete"] and s["verdict_text"].startswith("INCOMPLETE")
+    assert len(s["steps"]) >= 1 and all(st["passed"] for st in s["steps"])
+    assert read_records(tmp_path / "run" / "requests.jsonl")
+
+
+@pytest.mark.slow
+def test_capacity_against_the_embedded_engine(tmp_path):
+    """A short ramp on the tiny engine that must break: 8 req/s, then 64 (far past what 2 cores serve)."""
+    pytest.importorskip("torch")
+    scn = tmp_path / "short.yaml"
+    scn.write_text(
+        "name: cap-engine\nseed: 3\nengine: {model: tiny, max_num_seqs: 16}\n"
+        "workload: {input_len: {dist: uniform, min: 16, max: 64}, output_len: 8}\n"
+        "tiers: {premium: {weight: 1, slo: {ttft_ms: 300}}, standard: {weight: 2, slo: {ttft_ms: 800}},"
+        " basic: {weight: 1}}\n"
+        "search: {start: 8, growth: 8, max_steps: 3, step_duration_s: 5, warmup_s: 1, early_pass: false}\n"
+        "client: {lateness_bound_ms: 200}\n")
+    r = slobench("capacity", scn, "--out", tmp_path / "run", "--no-progress", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    check_contract(s)
+    steps = s["steps"]
+    assert [st["load"] for st in steps][:2] == [8, 64]
+    assert not steps[1]["passed"] and steps[1]["stopped_early"]  # 64 req/s: the queue runs away
+    assert s["slo"]["basic"] is None and steps[0]["tiers"]["basic"]["passed"] is None
+    if steps[0]["passed"]:  # 8 req/s is comfortable for tiny unless the machine is very busy
+        assert s["verdict"] == "rated" and s["rated_capacity"]["rate_rps"] >= 8
+        assert len(steps) == 3 and steps[2]["phase"] == "bisect" and 8 < steps[2]["load"] < 64
+        rc = s["rated_capacity"]
+        assert rc["spec_rate_rps"] == pytest.approx(0.8 * rc["rate_rps"])
+        assert rc["concurrency_measured"] > 0 and rc["concurrency_littles_law"] > 0
+        assert "rated capacity" in r.stdout
+    ok = steps[0]
+    bd = ok["breakdown"]
+    assert bd["source"] == "timing" and bd["queue_ms"] >= 0 and bd["prefill_ms"] > 0 and bd["decode_ms"] > 0
+    assert bd["network_ms"] > -1  # client TTFT >= server queue + prefill (the clocks are nested)
+    assert ok["kv_usage"] is not None and 0 <= ok["kv_usage"] <= 1
+    assert ok["batch_fill_ratio"] is not None and ok["admission_rejections"] == 0
+    for st in steps:
+        for e in st["tiers"].values():
+            if e["ttft_ms_q"] is not None and e["ci_low_ms"] is not None:
+                assert e["ci_low_ms"] <= e["ttft_ms_q"] <= e["ci_high_ms"] + 1e-6
+    assert (tmp_path / "run" / "engine.log").exists()
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert "slobench:batch_fill_ratio" in metrics and "vllm:kv_cache_usage_perc" in metrics
