@@ -25,9 +25,9 @@ def step_line(step: dict[str, Any], unit: str) -> str:
 
 
 class CapacityDisplay:
-    def __init__(self, title: str, unit: str, tiers: list[str], enabled: bool = True):
+    def __init__(self, title: str, unit: str, tiers: list[str], enabled: bool = True, console=None):
         self.unit, self.tiers = unit, tiers
-        self.rich = enabled and sys.stderr.isatty()
+        self.rich = enabled and (console is not None or sys.stderr.isatty())
         self.enabled = enabled
         self.rows: list[dict[str, Any]] = []
         self._status = ""
@@ -37,7 +37,7 @@ class CapacityDisplay:
         from rich.live import Live
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=True)
+        self.console = console or Console(stderr=True)
         self.title = title
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.fields[info]}"), console=self.console)

@@ -184,3 +184,42 @@ def test_capacity_against_the_embedded_engine(tmp_path):
     assert (tmp_path / "run" / "engine.log").exists()
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     assert "slobench:batch_fill_ratio" in metrics and "vllm:kv_cache_usage_perc" in metrics
+
+
+def test_live_display_renders_steps_and_progress():
+    import io
+
+    from rich.console import Console
+
+    from loadgen.live import CapacityDisplay, step_line
+
+    buf = io.StringIO()
+    d = CapacityDisplay("slobench capacity: t", "req/s", ["premium", "standard"],
+                        console=Console(file=buf, force_terminal=True, width=200))
+    d.start_step(0, 4.0, "ramp", 20.0)
+    d.update(5.0, "sent 20  in flight 3")
+    step = {"index": 0, "load": 4.0, "phase": "ramp", "passed": False, "stopped_early": True, "offered_rps": 3.9,
+            "tiers": {"premium": {"ttft_ms_q": 412.0, "passed": False}, "standard": {"ttft_ms_q": 95.0,
+                                                                                     "passed": True}},
+            "breakdown": {"queue_ms": 300.0, "prefill_ms": 40.0, "network_ms": 2.0, "decode_ms": 150.0},
+            "kv_usage": 0.25, "batch_fill_ratio": 0.5, "admission_rejections": 0}
+    d.end_step(step)
+    d.close()
+    out = buf.getvalue()
+    assert "slobench capacity: t" in out and "412" in out and "FAIL" in out and "25%" in out
+    line = step_line(step, "req/s")
+    assert "FAIL (stopped early)" in line and "premium q=412ms FAIL" in line and "queue 300" in line
+
+
+def test_run_summaries_carry_kind_and_metadata(mock_server, tmp_path):
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
+    scn = tmp_path / "run.yaml"
+    scn.write_text("name: meta-run\nworkload: {input_len: 8, output_len: 4}\nload: {rate: 20, requests: 10}\n")
+    r = slobench("run", scn, "--target", url, "--reports", tmp_path, "--run-id", "r", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    for k in ("kind", "run_id", "scenario", "target", "driver", "started_at", "valid", "versions", "git_commit",
+              "machine"):
+        assert k in s, k
+    assert s["kind"] == "run" and s["scenario"]["name"] == "meta-run" and s["target"] == url
+    assert s["driver"] == "aiohttp" and s["run_id"] == "r" and s["completed"] == 10
