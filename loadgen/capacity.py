@@ -460,8 +460,18 @@ class CapacityRunner:
             "admission_rejections_client": sum(1 for r in window if r.status == "rejected"),
             "cut_at_drain": st.cut and st.early != "breach",
             "valid": bool(summ.get("valid")),
+            "load_avg_1m": _loadavg(),  # a busy shared machine slows the target: context for outliers
             "summary": summ,
         }
+
+
+def _loadavg() -> float | None:
+    try:
+        import os
+
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def _tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: float, seed: int) -> dict:

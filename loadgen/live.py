@@ -46,27 +46,27 @@ class CapacityDisplay:
         self.live.start()
 
     def _table(self):
+        from rich import box
         from rich.table import Table
 
-        t = Table(title=self.title, title_justify="left", show_lines=False)
-        for c in ("#", "phase", f"load ({self.unit})", "offered"):
-            t.add_column(c, justify="right")
+        t = Table(title=self.title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        for c in ("#", "phase", self.unit):
+            t.add_column(c, justify="right", no_wrap=True)
         for tier in self.tiers:
-            t.add_column(f"{tier} TTFT q (ms)", justify="right")
-        for c in ("queue", "prefill", "net", "decode", "KV", "fill", "429", "verdict"):
-            t.add_column(c, justify="right")
+            t.add_column(tier[:4], justify="right", no_wrap=True)
+        for c in ("queue", "pref", "net", "KV", "fill", ""):
+            t.add_column(c, justify="right", no_wrap=True)
         for s in self.rows:
             bd = s.get("breakdown") or {}
-            cells = [str(s["index"]), s["phase"], f"{s['load']:.3g}", _f(s.get("offered_rps"))]
+            cells = [str(s["index"]), s["phase"], f"{s['load']:.3g}"]
             for tier in self.tiers:
                 e = s["tiers"].get(tier) or {}
                 mark = "" if e.get("passed") is None else (" ✓" if e["passed"] else " ✗")
                 cells.append(f"{_ms(e.get('ttft_ms_q'))}{mark}")
+            early = "*" if s.get("stopped_early") else ""
             cells += [_ms(bd.get("queue_ms")), _ms(bd.get("prefill_ms")), _ms(bd.get("network_ms")),
-                      _ms(bd.get("decode_ms")), _pct(s.get("kv_usage")), _pct(s.get("batch_fill_ratio")),
-                      "-" if s.get("admission_rejections") is None else str(s["admission_rejections"]),
-                      ("[green]pass[/]" if s["passed"] else "[red]FAIL[/]") + (" (early)" if s.get("stopped_early")
-                                                                               else "")]
+                      _pct(s.get("kv_usage")), _pct(s.get("batch_fill_ratio")),
+                      ("[green]pass[/]" if s["passed"] else "[red]FAIL[/]") + early]
             t.add_row(*cells)
         return t
 
@@ -74,7 +74,9 @@ class CapacityDisplay:
         from rich.console import Group
         from rich.text import Text
 
-        return Group(self._table(), self.progress, Text(self._status))
+        legend = Text("tiers: TTFT at the judged quantile, ms; queue / pref(ill) / net: mean ms; * stopped early",
+                      style="dim")
+        return Group(self._table(), legend, self.progress, Text(self._status))
 
     def start_step(self, index: int, load: float, phase: str, total_s: float) -> None:
         if not self.rich:

@@ -206,7 +206,7 @@ def test_live_display_renders_steps_and_progress():
     d.end_step(step)
     d.close()
     out = buf.getvalue()
-    assert "slobench capacity: t" in out and "412" in out and "FAIL" in out and "25%" in out
+    assert "slobench capacity: t" in out and "412" in out and "FAIL" in out and "25%" in out and "50%" in out
     line = step_line(step, "req/s")
     assert "FAIL (stopped early)" in line and "premium q=412ms FAIL" in line and "queue 300" in line
 
