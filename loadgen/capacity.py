@@ -13,7 +13,10 @@ The search itself is pure (``loadgen.search``); this module measures one load st
 - Each tier's SLO is judged on its window: the quantile, with a bootstrap confidence interval. A step
   stops early when its breach is certain (the quantile over what is known, with everything still to
   come at 0 ms, is already over) or statistically clear (the interval's lower end is over, on the
-  requests old enough to be settled): a queue that keeps growing trips both within seconds.
+  requests old enough to be settled): a queue that keeps growing trips both within seconds. A *ramp*
+  step also stops sending once every SLO is clearly met (each quantile under ``pass_margin`` x its
+  threshold over at least 30 settled requests): far below the knee there is nothing more to learn.
+  Bisection steps, near the knee by construction, always run their whole window unless they break.
 - Steps use common random numbers: the arrival pattern of every step is the same seeded draw scaled to
   its rate, so steps differ by load, not by luck; prompts differ (fresh seed per step), so one step's
   prefix cache never serves the next.
@@ -345,7 +348,7 @@ class CapacityRunner:
                 if reason:
                     st.early, st.stop_reason, st.stopped_at = "breach", reason, t
                     self._rep.stop()
-                elif self.plan.step.early_pass and t >= st.w0 + self._min_window():
+                elif self.plan.step.early_pass and st.phase == "ramp" and t >= st.w0 + self._min_window():
                     reason = self._clear_pass(st, t)
                     if reason:  # stop sending; what is in flight finishes (the drain below still applies)
                         st.early, st.stop_reason, st.stopped_at = "pass", reason, t
@@ -855,6 +858,10 @@ def command(args) -> int:
     else:
         print_verdict(s)
         print(f"results: {res.run_dir}/ (summary.json, requests.jsonl, metrics.jsonl)")
+    if not getattr(args, "no_report", False) and s["steps"]:
+        from .report import auto_report  # never raises: a report must not fail a measured run
+
+        auto_report(res.run_dir)
     if res.stopped:
         say(f"capacity run ended early: {res.stopped}\n{len(s['steps'])} finished steps saved in {res.run_dir}")
         return 130 if res.stopped.startswith("interrupted") else 1

@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-opt", action="append", type=_engine_opt, default=[], metavar="KEY=VALUE",
                    help="option for the embedded engine server (repeatable), e.g. max_num_seqs=8")
     p.add_argument("--no-progress", action="store_true", help="no live display")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the verdict")
 
     p = sub.add_parser("summarize", help="rebuild summary.json from a run folder")

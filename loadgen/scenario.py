@@ -34,7 +34,7 @@ search:                    # for ``slobench capacity`` (see loadgen/capacity.py)
   confidence: 0.95         # bootstrap interval of the quantile
   drain_s: null            # after sending: wait this long for answers (default 2x the largest SLO)
   early_stop: true         # end a step once its breach is certain ...
-  early_pass: true         # ... or once every SLO quantile is under pass_margin x its threshold
+  early_pass: true         # ... or (ramp steps) once every SLO quantile is under pass_margin x its threshold
   pass_margin: 0.5
 headroom: 0.2              # spec capacity = rated x (1 - headroom)
 ```
@@ -182,7 +182,7 @@ class StepOptions:
     confidence: float = 0.95
     drain_s: float | None = None  # None: 2x the largest SLO threshold, at least 2 s
     early_stop: bool = True  # end a step once its breach is certain
-    early_pass: bool = True  # ... or once every SLO is clearly met (quantile under pass_margin x threshold)
+    early_pass: bool = True  # ramp steps: ... or once every SLO is clearly met (quantile < pass_margin x threshold)
     pass_margin: float = 0.5
     settle_timeout_s: float = 30.0  # wait for the target to go idle between steps
 
