@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ class Tally:
     output_tokens: int = 0
     late_max_ms: float = 0.0
     finished: bool = False  # this process will send nothing more
+    cpu0: float = field(default_factory=time.process_time)  # CPU time of this process when the run started
     sent_by_stage: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     outbox: list[str] = field(default_factory=list)
 
@@ -44,6 +46,7 @@ class Tally:
         """Counters (cumulative) and the records finished since the last report (drained)."""
         lines, self.outbox = self.outbox, []
         return {"counters": {k: getattr(self, k) for k in COUNTERS}, "late_max_ms": self.late_max_ms,
+                "cpu_s": time.process_time() - self.cpu0,
                 "finished": self.finished, "sent_by_stage": dict(self.sent_by_stage), "records": lines}
 
 
@@ -120,7 +123,8 @@ class Collector:
             for line in lines:
                 self._take(json.loads(line))
         self.gathered += len(lines)
-        self.nodes[node_id] = {k: report.get(k) for k in ("counters", "late_max_ms", "finished", "sent_by_stage")}
+        self.nodes[node_id] = {k: report.get(k) for k in ("counters", "late_max_ms", "finished", "sent_by_stage",
+                                                          "cpu_s")}
 
     def _take(self, r: dict[str, Any]) -> None:
         k = r["stage"]
@@ -152,6 +156,7 @@ class Collector:
                 by_stage[int(s)] += c
             late = max(late, n.get("late_max_ms") or 0.0)
         out["late_max_ms"] = late
+        out["cpu_s_by_process"] = [round(n.get("cpu_s") or 0.0, 3) for n in self.nodes.values()]
         out["sent_by_stage"] = dict(by_stage)
         out["gathered"] = self.gathered
         out["workers"] = len(self.nodes)
