@@ -309,7 +309,8 @@ class CapacityRunner:
         if rep.abort_reason and not self.stopped:
             self.stopped = rep.abort_reason
         detail = self._detail(st, list(self.writer.step_records), time.monotonic() - wall0)
-        return StepResult(detail["passed"], detail["stopped_early"], detail)
+        margin = detail["margin"] if detail["margin"] is not None else (None if detail["passed"] else math.inf)
+        return StepResult(detail["passed"], detail["stopped_early"], detail, margin=margin)
 
     async def _settle(self) -> None:
         """Wait until the target has nothing running or waiting (two scrapes in a row), at most
@@ -433,6 +434,8 @@ class CapacityRunner:
             tiers[tier] = _tier_entry(rs, plan.slos.get(tier, []), plan.quantile(tier), plan.step.confidence,
                                       seed=st.index)
         judged = [e["passed"] for e in tiers.values() if e["passed"] is not None]
+        margins = [math.inf if j["value_ms_q"] is None else j["value_ms_q"] / j["threshold_ms"]
+                   for e in tiers.values() for j in e["judged"].values() if j["n"]]
         passed = bool(judged) and all(judged) and st.early != "breach"
         # metrics of this step: from its start to its end (drain included)
         metrics = [m for m in read_metrics(self.run_dir / "metrics.jsonl")]
@@ -450,6 +453,8 @@ class CapacityRunner:
         return {
             "index": st.index, "load": st.load, "phase": st.phase, "passed": passed,
             "stopped_early": st.early is not None, "early": st.early, "stop_reason": st.stop_reason,
+            # worst judged quantile / threshold (> 1: broken; a lower bound when stopped early); null: inf
+            "margin": (max(margins) if math.isfinite(max(margins)) else None) if margins else None,
             "duration_s": round(wall_s, 3), "requests": len(window),
             "window_s": [round(st.w0, 3), round(w1, 3)], "start_s": round(st.start_s, 3),
             "offered_rps": arrivals, "throughput_rps": completed / win_s if win_s > 0 else None,

@@ -62,8 +62,12 @@ class MMc:
 P99_300 = SLO("ttft_ms", 300.0, 0.99)
 
 
-def exact_measure(model: MMc, slo: SLO):
-    return lambda load, phase: StepResult(model.ttft_quantile_ms(load, slo.quantile) <= slo.threshold_ms)
+def exact_measure(model: MMc, slo: SLO, margins: bool = True):
+    def measure(load, phase):
+        q = model.ttft_quantile_ms(load, slo.quantile)
+        return StepResult(q <= slo.threshold_ms, margin=q / slo.threshold_ms if margins else None)
+
+    return measure
 
 
 def noisy_measure(model: MMc, slo: SLO, seed: int, step_s: float = 30.0):
@@ -72,7 +76,8 @@ def noisy_measure(model: MMc, slo: SLO, seed: int, step_s: float = 30.0):
     def measure(load, phase):
         n = max(5, rng.poisson(load * step_s))
         j = judge(model.sample_ms(load, n, rng), slo, n_boot=200, seed=seed)
-        return StepResult(j.passed, detail={"q": j.value_ms})
+        m = math.inf if j.value_ms is None else j.value_ms / slo.threshold_ms
+        return StepResult(j.passed, detail={"q": j.value_ms}, margin=m)
 
     return measure
 
@@ -104,10 +109,28 @@ def test_finds_the_known_capacity_within_tolerance(c, mu, start):
 
 def test_geometric_ramp_then_bisection_step_count():
     model = MMc(8, 2.0)
-    out = CapacitySearch(SearchConfig(start=1, growth=2, tolerance=0.05)).run(exact_measure(model, P99_300))
-    loads = [s.load for s in out.steps]
-    assert loads[:4] == [1, 2, 4, 8] and not out.steps[4].passed  # 16 breaks the 16 req/s queue
-    assert len(out.steps) <= 5 + 4  # ramp to the first failure, then log2(log(2)/log(1.05)) bisections
+    plain = CapacitySearch(SearchConfig(start=1, growth=2, tolerance=0.05, interpolate=False)).run(
+        exact_measure(model, P99_300))
+    loads = [s.load for s in plain.steps]
+    assert loads[:4] == [1, 2, 4, 8] and not plain.steps[4].passed  # 16 breaks the 16 req/s queue
+    assert loads[5] == pytest.approx(8 * 2**0.5)  # geometric midpoint
+    assert len(plain.steps) == 5 + 4  # ramp to the first failure, then log2(log(2)/log(1.05)) bisections
+    # with the steps' SLO margins, false position needs fewer steps for the same bracket
+    interp = CapacitySearch(SearchConfig(start=1, growth=2, tolerance=0.05)).run(exact_measure(model, P99_300))
+    assert interp.converged and interp.rated_load <= model.capacity(P99_300) <= interp.first_fail_load
+    assert len(interp.steps) < len(plain.steps)
+
+
+@pytest.mark.parametrize("c,mu", [(8, 2.0), (32, 5.0), (2, 10.0), (64, 1.0)])
+def test_interpolation_never_needs_many_more_steps_than_bisection(c, mu):
+    model = MMc(c, mu)
+    for start in (0.5, 3.0, 10.0):
+        cfg = dict(start=start, growth=2, tolerance=0.02, max_steps=40, min_load=0.01)
+        plain = CapacitySearch(SearchConfig(**cfg, interpolate=False)).run(exact_measure(model, P99_300))
+        interp = CapacitySearch(SearchConfig(**cfg)).run(exact_measure(model, P99_300))
+        assert interp.converged and interp.rated_load <= model.capacity(P99_300) <= interp.first_fail_load
+        n_bis = sum(s.phase == "bisect" for s in plain.steps)
+        assert sum(s.phase == "bisect" for s in interp.steps) <= 2 * n_bis
 
 
 @pytest.mark.parametrize("seed", range(12))
