@@ -12,7 +12,8 @@ StepResult`` callback, which is how the tests check it against synthetic latency
   *margin* (judged quantile / threshold: <= 1 passes) the next load is where log(margin) crosses 0 on
   the line through the bracket's ends (false position in log-log), kept inside the bracket's middle
   80%, and a plain bisection (geometric mean) follows any interpolated step that failed to halve the
-  bracket, so it never converges slower than bisection by more than one step in two.
+  bracket, so it never converges slower than bisection by more than one step in two. A failing end
+  that was stopped early has only a lower-bound margin: that bracket is bisected.
 - Verdicts: ``rated`` (a pass and a fail bracket the capacity), ``never_met`` (even ``min_load``
   fails), ``never_broke`` (``max_load`` still passes; the rating is a lower bound). The step budget
   (``max_steps``) ends the search early with the best bracket so far, and says so.
@@ -188,6 +189,10 @@ class CapacitySearch:
     def _margin(self, load: float, passed: bool) -> float | None:
         for st in reversed(self.steps):
             if st.load == load and st.passed == passed:
+                if not passed and st.result.stopped_early:
+                    # a step stopped at its breach reports a margin just over 1 by construction (a lower
+                    # bound taken the moment it crossed), which would drag every guess onto the fail end
+                    return None
                 m = st.result.margin
                 if m is None:
                     return None

@@ -223,3 +223,22 @@ def test_run_summaries_carry_kind_and_metadata(mock_server, tmp_path):
         assert k in s, k
     assert s["kind"] == "run" and s["scenario"]["name"] == "meta-run" and s["target"] == url
     assert s["driver"] == "aiohttp" and s["run_id"] == "r" and s["completed"] == 10
+
+
+def test_concurrency_axis_rates_users_and_their_throughput(mock_server, tmp_path):
+    url = mock_server("--ttft-ms", 20, "--itl-ms", 5)  # 20 + 3 x 5 ms a request: ~28 requests/s per user
+    scn = scenario(tmp_path, "{axis: concurrency, start: 2, growth: 2, max_load: 8, step_duration_s: 2.5,"
+                             " warmup_s: 0.5, early_pass: false}")
+    r = slobench("capacity", scn, "--target", url, "--out", tmp_path / "run", "--json", "--no-progress",
+                 "--no-report")
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(r.stdout)
+    check_contract(s)
+    assert s["axis"] == "concurrency" and s["verdict"] == "never_broke"
+    assert [st["load"] for st in s["steps"]] == [2, 4, 8]
+    rc = s["rated_capacity"]
+    last = s["steps"][-1]
+    assert rc["concurrency"] == 8 and rc["load"] == 8
+    assert rc["rate_rps"] == pytest.approx(last["throughput_rps"]) and rc["rate_rps"] > 2 * 8  # users x ~25/s
+    assert rc["concurrency_measured"] == pytest.approx(8, abs=1)  # closed loop: always 8 in flight
+    assert rc["concurrency_agree"]

@@ -249,3 +249,19 @@ def test_breach_certain_is_exact():
     assert not breach_certain([10.0] * 50, 100, slo)
     assert breach_likely(np.full(40, 500.0), slo) and not breach_likely(np.full(40, 100.0), slo)
     assert not breach_likely(np.full(5, 500.0), slo)  # too few settled requests to say
+
+
+def test_early_stopped_failures_do_not_steer_the_interpolation():
+    """A breach caught early reports a margin just over 1: trusting it would put every guess next to the
+    failing end. Such brackets are bisected, so the search still converges in bisection's step count."""
+    model = MMc(8, 2.0)
+
+    def measure(load, phase):
+        q = model.ttft_quantile_ms(load, 0.99)
+        if q <= 300:
+            return StepResult(True, margin=q / 300)
+        return StepResult(False, stopped_early=True, margin=1.01)
+
+    out = CapacitySearch(SearchConfig(start=1, growth=2)).run(measure)
+    bis = [s.load for s in out.steps if s.phase == "bisect"]
+    assert bis[0] == pytest.approx(8 * 2**0.5) and len(bis) <= 4 and out.converged
