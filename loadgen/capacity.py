@@ -283,9 +283,11 @@ class CapacityRunner:
     async def measure(self, load: float, phase: str, index: int, early_stop: bool | None = None) -> StepResult:
         plan = self.plan
         await self._settle()
-        start = self.clock() + 0.05
         dur = plan.step.step_duration_s
-        specs = step_specs(plan.scenario, plan.search.axis, load, index, start, dur)
+        specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur)  # built before the clock runs
+        start = self.clock() + 0.05
+        for sp in specs:
+            sp.arrival_s += start
         st = _StepState(index, load, phase, start, start + plan.step.warmup_s, start + dur, plan.drain_s,
                         Counter(s.tier or "none" for s in specs if start + plan.step.warmup_s <= s.arrival_s))
         rep = self._rep
