@@ -371,7 +371,7 @@ class CapacityRunner:
                                                      f"errors {errs}{p99}")
 
     def _min_window(self) -> float:
-        return max(2.0, 0.25 * self.plan.step.window_s)
+        return min(2.0, self.plan.step.window_s)  # of steady state after the warm-up, before a clear pass
 
     def _clear_pass(self, st: _StepState, t: float) -> str | None:
         """Every SLO far from breaking: over the window's settled requests of *all* tiers pooled (at
