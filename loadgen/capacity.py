@@ -42,7 +42,7 @@ import numpy as np
 from .client import ClientConfig, Progress, Replayer, now, run_sync
 from .records import RecordWriter, RequestRecord
 from .runmeta import now_iso, run_metadata
-from .scenario import Scenario, ScenarioError, StepOptions, scale_specs
+from .scenario import Scenario, ScenarioError, StepOptions, scale_specs, spread_ties
 from .scrape import Scraper, read_metrics, scrape_once
 from .search import CapacitySearch, SearchConfig, SearchOutcome, Step, StepResult
 from .slo import SLO, breach_certain, breach_likely, judge, quantile
@@ -54,6 +54,7 @@ SCRAPE_PREFIXES = ("vllm:", "slobench:")
 AGREE_REL = 0.10  # Little's law vs measured in-flight: relative agreement ...
 AGREE_ABS = 0.25  # ... or this many requests apart (tiny concurrencies)
 CLEAR_PASS_MIN = 30  # settled requests before a step may pass early
+TRACE_MIN_ROWS = 50  # trace rows a rate step draws on at least (a short slice of a bursty trace degenerates)
 
 
 @dataclass
@@ -114,20 +115,23 @@ def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float
             specs = [s for s in specs if s.arrival_s < duration_s]
     else:
         opts = dataclasses.replace(scn.trace_options, seed=seed)
-        if axis == "rate":  # the trace's first load x duration rows, stretched to the step: its own bursts
+        if axis == "rate":  # the trace's first load x duration rows (at least 50), at mean rate `load`
             opts.rate = load
-            opts.max_requests = max(2, math.ceil(load * duration_s))
-            opts.max_duration_s = duration_s
+            opts.max_requests = max(TRACE_MIN_ROWS, math.ceil(load * duration_s))
+            opts.max_duration_s = None  # cut after the ties are spread
             if opts.arrivals is not None:
                 opts.arrivals = dataclasses.replace(opts.arrivals, rate=load)
         else:
             opts.rate = None
             opts.max_duration_s = None
         try:
-            specs, _ = load_trace(scn.trace_path, scn.trace_format, opts)
+            specs, info = load_trace(scn.trace_path, scn.trace_format, opts)
         except TraceError as e:
             raise ScenarioError(f"workload.path: {e}") from e
         scale_specs(specs, scn.input_scale, scn.output_scale, scn.max_input_len, scn.max_output_len)
+        spread_ties(specs, scn.spread_ties_s * info.time_factor)
+        if axis == "rate":
+            specs = [s for s in specs if s.arrival_s < duration_s]
     for s in specs:
         s.id = f"s{index}-{s.id}"
         s.arrival_s = start_s + (s.arrival_s if axis == "rate" else 0.0)

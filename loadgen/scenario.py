@@ -40,7 +40,8 @@ headroom: 0.2              # spec capacity = rated x (1 - headroom)
 ```
 Trace workloads also take ``input_scale`` / ``output_scale`` (multiply lengths; a Mooncake hash block shrinks
 with them, so prefix sharing keeps its shape) and ``max_input_len`` / ``max_output_len`` (caps), to fit
-production traces to a small engine.
+production traces to a small engine, and ``spread_ties_s`` (requests logged with the same timestamp, as in
+Mooncake's 3 s buckets, are spread evenly over that many trace seconds instead of arriving at once).
 """
 
 from __future__ import annotations
@@ -191,6 +192,23 @@ class StepOptions:
         return self.step_duration_s - self.warmup_s
 
 
+def spread_ties(specs: list[RequestSpec], width_s: float) -> None:
+    """Requests that share a timestamp (a trace logged in buckets: Mooncake's are 3 s) are spread evenly
+    over ``width_s`` after it, in their order, instead of arriving in the same instant."""
+    if width_s <= 0 or not specs:
+        return
+    i = 0
+    while i < len(specs):
+        j = i
+        while j + 1 < len(specs) and specs[j + 1].arrival_s == specs[i].arrival_s:
+            j += 1
+        n = j - i + 1
+        for k in range(1, n):
+            specs[i + k].arrival_s += width_s * k / n
+        i = j + 1
+    specs.sort(key=lambda sp: sp.arrival_s)
+
+
 def scale_specs(specs: list[RequestSpec], input_scale: float = 1.0, output_scale: float = 1.0,
                 max_input_len: int | None = None, max_output_len: int | None = None) -> None:
     """Scale (then cap) the lengths of trace requests in place. Block prompts keep their hash ids with a
@@ -241,6 +259,7 @@ class Scenario:
     output_scale: float = 1.0
     max_input_len: int | None = None
     max_output_len: int | None = None
+    spread_ties_s: float = 0.0  # trace time buckets: spread requests sharing a timestamp over this (trace s)
 
     def slos(self) -> dict[str, list[SLO]]:
         """Each tier's judged SLOs (an empty list for a tier with no promise, e.g. basic)."""
@@ -256,6 +275,7 @@ class Scenario:
             except TraceError as e:
                 raise ScenarioError(f"workload.path: {e}") from e
             scale_specs(specs, self.input_scale, self.output_scale, self.max_input_len, self.max_output_len)
+            spread_ties(specs, self.spread_ties_s * info.time_factor)
             return specs, {"type": "trace", **info.as_dict(), "input_scale": self.input_scale,
                            "output_scale": self.output_scale, "max_input_len": self.max_input_len}
         times = self.arrivals.times(n=self.requests, duration_s=self.duration_s, seed=self.seed)
@@ -460,6 +480,7 @@ def parse_scenario(
         s.output_scale = w.get("output_scale", float, 1.0, positive=True)
         s.max_input_len = w.get("max_input_len", (int, type(None)), None, min_value=1)
         s.max_output_len = w.get("max_output_len", (int, type(None)), None, min_value=1)
+        s.spread_ties_s = w.get("spread_ties_s", float, 0.0, min_value=0.0)
         s.trace_options = TraceOptions(
             time_scale=w.get("time_scale", float, 1.0, positive=True),
             rate=load.get("rate", (float, type(None)), None, positive=True) if arrival == "trace" else None,

@@ -215,3 +215,18 @@ def test_engine_option_table_matches_the_engine():
     flags = {a.dest for a in p._actions if a.dest != "help"}
     assert fields <= set(ENGINE_OPTIONS), fields - set(ENGINE_OPTIONS)
     assert set(ENGINE_OPTIONS) == flags - {"host", "port"}, set(ENGINE_OPTIONS) ^ (flags - {"host", "port"})
+
+
+def test_spread_ties_and_trace_scaling():
+    from loadgen.scenario import scale_specs, spread_ties
+    from loadgen.workloads import BlockPrompt, RequestSpec
+
+    specs = [RequestSpec(f"r{i}", t, BlockPrompt((0, 1, i + 2), 1200, 512), 400, prompt_tokens=1200)
+             for i, t in enumerate([0.0, 0.0, 0.0, 0.0, 3.0, 6.0, 6.0])]
+    spread_ties(specs, 3.0)
+    assert [s.arrival_s for s in specs] == [0.0, 0.75, 1.5, 2.25, 3.0, 6.0, 7.5]
+    scale_specs(specs, input_scale=1 / 32, output_scale=1 / 8, max_output_len=40)
+    p = specs[0].prompt
+    assert p.block_size == 16 and p.num_tokens == 38 and specs[0].prompt_tokens == 38  # ceil(1200 / 32)
+    assert specs[0].max_tokens == 40 and specs[1].prompt.tokens()[:32] == p.tokens()[:32]  # shared hash ids
+    assert specs[1].prompt.tokens()[32:] != p.tokens()[32:]
