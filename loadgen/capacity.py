@@ -348,7 +348,7 @@ class CapacityRunner:
             await asyncio.sleep(0.1)
             tick += 1
             t = self.clock()
-            if st.w0 <= t < st.w1:
+            if st.w0 <= t < (st.stopped_at if st.early else st.w1):  # the window: it ends at an early stop
                 st.inflight.append(self.prog.in_flight)
             if early_stop and st.early is None and t >= st.w0 and tick % 5 == 0:
                 reason = self._breach(st, t)
