@@ -79,7 +79,6 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # arrival of each step's tokens
-    aborted: bool = False
 
     @property
     def is_finished(self) -> bool:

@@ -50,7 +50,6 @@ from .summary import BREAKDOWN_HISTOGRAMS, summarize
 from .traces import TraceError, load_trace
 from .workloads import RequestSpec
 
-SCRAPE_PREFIXES = ("vllm:", "slobench:")
 AGREE_REL = 0.10  # Little's law vs measured in-flight: relative agreement ...
 AGREE_ABS = 0.25  # ... or this many requests apart (tiny concurrencies)
 CLEAR_PASS_MIN = 30  # settled requests before a step may pass early
@@ -229,8 +228,11 @@ class CapacityRunner:
     """Measures load steps against one target, on one clock, into one run folder."""
 
     def __init__(self, plan: CapacityPlan, run_dir: Path, target: str, *, model: str | None = None,
-                 watch: Callable[[], str | None] | None = None, display=None, scrape: bool = True):
+                 watch: Callable[[], str | None] | None = None, display=None, scrape: bool = True,
+                 driver: str = "aiohttp", workers: int = 1):
         self.plan = plan
+        self.driver = driver  # "aiohttp" (this process's replayer) | "locust" (a Locust run per step)
+        self.workers = workers  # Locust processes
         self.run_dir = Path(run_dir)
         self.target = target.rstrip("/")
         self.model = model
@@ -259,7 +261,7 @@ class CapacityRunner:
         await self._rep.open()
         self.model = self._rep.model
         if self.scrape:
-            self._scraper = Scraper(self.target, met, prefixes=SCRAPE_PREFIXES)
+            self._scraper = Scraper(self.target, met)
             await asyncio.get_running_loop().run_in_executor(None, self._scraper.start)
         self.t0 = now() + 0.3
         if self._scraper:
@@ -289,7 +291,9 @@ class CapacityRunner:
         await self._settle()
         dur = plan.step.step_duration_s
         specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur)  # built before the clock runs
-        start = self.clock() + 0.05
+        locust = self.driver == "locust"
+        # Locust needs a couple of seconds to start its processes before the first send.
+        start = self.clock() + ((3.0 if self.workers > 1 else 2.0) if locust else 0.05)
         for sp in specs:
             sp.arrival_s += start
         st = _StepState(index, load, phase, start, start + plan.step.warmup_s, start + dur, plan.drain_s,
@@ -301,10 +305,13 @@ class CapacityRunner:
         if self.display:
             self.display.start_step(index, load, phase, dur + st.drain_s)
         es = plan.step.early_stop if early_stop is None else early_stop
+        es = es and not locust  # Locust hands its records over only when the step ends
         mon = asyncio.ensure_future(self._monitor(st, es, base))
         wall0 = time.monotonic()
         try:
-            if plan.closed:
+            if locust:
+                await self._run_locust_step(specs, load, index, start, dur)
+            elif plan.closed:
                 feed = _cycle_until(specs, lambda: self.clock() >= st.w1 or st.early is not None)
                 await rep.run(feed, t0=self.t0, concurrency=int(load))
             else:
@@ -317,6 +324,20 @@ class CapacityRunner:
         detail = self._detail(st, list(self.writer.step_records), time.monotonic() - wall0)
         margin = detail["margin"] if detail["margin"] is not None else (None if detail["passed"] else math.inf)
         return StepResult(detail["passed"], detail["stopped_early"], detail, margin=margin)
+
+    async def _run_locust_step(self, specs: list[RequestSpec], load: float, index: int, start: float,
+                               dur: float) -> None:
+        """One step through Locust (its own processes); its records join this run's clock and file."""
+        from .locust.driver import run_stage
+
+        plan, s = self.plan, self.plan.scenario
+        recs = await asyncio.get_running_loop().run_in_executor(None, lambda: run_stage(
+            specs, self.target, self.run_dir / "locust" / f"step{index}", stage=index,
+            concurrency=int(load) if plan.closed else 0, start_s=start, duration_s=dur if plan.closed else None,
+            t0=self.t0, processes=self.workers, model=self.model, max_connections=s.max_connections,
+            read_timeout_s=s.read_timeout_s, drain_s=plan.drain_s))
+        for rec in recs:
+            self.writer.write(rec)
 
     async def _settle(self) -> None:
         """Wait until the target has nothing running or waiting (two scrapes in a row), at most
@@ -348,7 +369,8 @@ class CapacityRunner:
             await asyncio.sleep(0.1)
             tick += 1
             t = self.clock()
-            if st.w0 <= t < (st.stopped_at if st.early else st.w1):  # the window: it ends at an early stop
+            in_window = st.w0 <= t < (st.stopped_at if st.early else st.w1)  # it ends at an early stop
+            if in_window and self.driver == "aiohttp":  # Locust's in-flight count is not visible from here
                 st.inflight.append(self.prog.in_flight)
             if early_stop and st.early is None and t >= st.w0 and tick % 5 == 0:
                 reason = self._breach(st, t)
@@ -728,7 +750,8 @@ def _json_default(o: Any) -> Any:
 
 def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = None,
                  engine_opts: dict[str, Any] | None = None, model: str | None = None, progress: bool = True,
-                 scenario_path: str | None = None, log: Callable[[str], None] | None = None) -> CapacityResult:
+                 scenario_path: str | None = None, log: Callable[[str], None] | None = None,
+                 driver: str = "aiohttp", workers: int = 1) -> CapacityResult:
     """The whole capacity run: start the embedded engine when there is no target, search, write the
     run folder. Raises EngineStartError / TargetError for a target that cannot be used at all."""
     from .embedded import EmbeddedEngine
@@ -756,10 +779,12 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
         meta["target"] = target if not engine else f"embedded reference engine ({target})"
         meta["engine"] = (engine_opts if engine_opts is not None else scn.engine) if engine else None
         meta["engine_start_s"] = engine_start_s
+        meta["driver"] = driver
         unit = "users" if plan.closed else "req/s"
         display = CapacityDisplay(f"slobench capacity: {scn.name}", unit, list(plan.slos), enabled=progress)
         try:
-            result = run_sync(lambda: _search_main(plan, run_dir, target, model, engine, display, meta, wall0))
+            result = run_sync(lambda: _search_main(plan, run_dir, target, model, engine, display, meta, wall0,
+                                                   driver, workers))
         finally:
             display.close()
     finally:
@@ -768,9 +793,10 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
     return result
 
 
-async def _search_main(plan, run_dir, target, model, engine, display, meta, wall0) -> CapacityResult:
+async def _search_main(plan, run_dir, target, model, engine, display, meta, wall0, driver="aiohttp",
+                       workers=1) -> CapacityResult:
     runner = CapacityRunner(plan, run_dir, target, model=model, watch=engine.died if engine else None,
-                            display=display)
+                            display=display, driver=driver, workers=workers)
     loop = asyncio.get_running_loop()
     await runner.open()
     meta["model"] = runner.model
@@ -856,7 +882,8 @@ def command(args) -> int:
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
         res = run_capacity(scn, run_dir, target=target, engine_opts=engine_opts, model=args.model or scn.model,
-                           progress=not args.no_progress, scenario_path=str(args.scenario), log=say)
+                           progress=not args.no_progress, scenario_path=str(args.scenario), log=say,
+                           driver=args.driver, workers=args.workers or 1)
     except EngineStartError as e:
         say(f"error: could not start the reference engine: {e}")
         return 1

@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no live display")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the verdict")
+    p.add_argument("--driver", choices=("aiohttp", "locust"), default="aiohttp",
+                   help="load generator: the aiohttp replayer (default) or Locust, one Locust run per step "
+                        "(no early stop within a step, no measured in-flight count)")
+    p.add_argument("--workers", type=int, help="Locust processes per step (with --driver locust)")
 
     p = sub.add_parser("summarize", help="rebuild summary.json from a run folder")
     p.add_argument("run_dir", type=Path)

@@ -242,3 +242,24 @@ def test_concurrency_axis_rates_users_and_their_throughput(mock_server, tmp_path
     assert rc["rate_rps"] == pytest.approx(last["throughput_rps"]) and rc["rate_rps"] > 2 * 8  # users x ~25/s
     assert rc["concurrency_measured"] == pytest.approx(8, abs=1)  # closed loop: always 8 in flight
     assert rc["concurrency_agree"]
+
+
+@pytest.mark.slow
+def test_capacity_through_locust(mock_server, tmp_path):
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
+    scn = scenario(tmp_path, "{start: 5, growth: 2, max_load: 10, step_duration_s: 2.5, warmup_s: 0.5,"
+                             " early_pass: false}")
+    r = slobench("capacity", scn, "--target", url, "--out", tmp_path / "run", "--json", "--no-progress",
+                 "--no-report", "--driver", "locust")
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(r.stdout)
+    assert s["driver"] == "locust" and s["verdict"] == "never_broke"
+    assert [st["load"] for st in s["steps"]] == [5, 10] and all(st["passed"] for st in s["steps"])
+    assert all(st["concurrency_measured"] is None for st in s["steps"])  # Locust's in-flight count is not seen
+    recs = read_records(tmp_path / "run" / "requests.jsonl")
+    assert {x["stage"] for x in recs} == {0, 1} and all(x["status"] == "ok" for x in recs)
+    for st in s["steps"]:
+        w0, w1 = st["window_s"]
+        inside = [x for x in recs if x["stage"] == st["index"] and w0 <= x["scheduled_s"] < w1]
+        assert len(inside) == st["requests"] > 0
+        assert st["tiers"]["standard"]["p50_ttft_ms"] >= 5  # the mock's first token comes 5 ms in
