@@ -24,7 +24,8 @@ from typing import Any
 import aiohttp
 
 from .records import RecordWriter, RequestRecord
-from .sse import SSEParser, StreamError, chunk_content, decode_chunk
+from .sse import StreamError
+from .streaming import StreamRecorder
 from .workloads import RequestSpec
 
 
@@ -51,7 +52,6 @@ class Progress:
     ttft_ms: deque = field(default_factory=lambda: deque(maxlen=2000))
 
 
-SERVER_KEYS = ("queue_ms", "prefill_ms", "decode_ms")
 
 
 class TargetError(RuntimeError):
@@ -263,39 +263,10 @@ class Replayer:
 
     async def _stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
         t0 = self.t0
-        parser = SSEParser()
-        tokens = rec.token_s
-        finished = False
-        n_chunks = 0
+        recorder = StreamRecorder(rec)
         async for data in resp.content.iter_any():
-            t = now() - t0
-            for ev in parser.feed(data):
-                obj = decode_chunk(ev.data)
-                if obj is None:  # [DONE]
-                    finished = True
-                    break
-                if chunk_content(obj):
-                    tokens.append(t)
-                    n_chunks += 1
-                    if rec.first_token_s is None:
-                        rec.first_token_s = t
-                choices = obj.get("choices")
-                if choices and choices[0].get("finish_reason"):
-                    finished = True
-                usage = obj.get("usage")
-                if usage:
-                    rec.output_tokens = usage.get("completion_tokens", rec.output_tokens)
-                    rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
-                timing = obj.get("timing")
-                if timing:
-                    rec.server = {k: timing[k] for k in SERVER_KEYS if k in timing}
-        for ev in parser.close():
-            if decode_chunk(ev.data) is None:
-                finished = True
-        if not finished:
-            raise StreamError("stream ended without [DONE] or a finish_reason")
-        if rec.output_tokens is None:
-            rec.output_tokens = n_chunks  # no usage from the target: one token per content chunk
+            recorder.feed(data, now() - t0)
+        recorder.close()
 
 
 def _error_text(raw: bytes, status: int) -> str:

@@ -12,10 +12,18 @@ fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "install-torch: GPU found, installing torch==$version (CUDA build)"
     "$py" -m pip install -q "torch==$version"
-elif "$py" -m pip install -q --no-index "torch==$version" 2>/dev/null; then
-    # A local wheel (pip's find-links) satisfied it without touching an index.
-    echo "install-torch: no GPU, installed torch==$version from a local CPU wheel"
+    exit 0
+fi
+# A CPU wheel already on this machine (pip's find-links)? Install that very file; its dependencies come
+# from the usual index.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+if "$py" -m pip download -q --no-deps --no-index "torch==$version" -d "$tmp" >/dev/null 2>&1 \
+        && ls "$tmp"/torch-*+cpu-*.whl >/dev/null 2>&1; then
+    echo "install-torch: no GPU, installing the local CPU wheel $(basename "$tmp"/torch-*.whl)"
+    "$py" -m pip install -q "$tmp"/torch-*+cpu-*.whl
 else
     echo "install-torch: no GPU, installing torch==$version from the PyTorch CPU index"
-    "$py" -m pip install -q "torch==$version" --index-url https://download.pytorch.org/whl/cpu
+    "$py" -m pip install -q "torch==$version" --index-url https://download.pytorch.org/whl/cpu \
+        --extra-index-url https://pypi.org/simple
 fi

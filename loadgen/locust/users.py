@@ -33,9 +33,10 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from geventhttpclient.url import URL
 from locust import FastHttpUser, constant, task
 
-from ..client import SERVER_KEYS, ClientConfig, _error_text, build_body
+from ..client import ClientConfig, _error_text, build_body
 from ..records import RequestRecord
-from ..sse import SSEParser, StreamError, chunk_content, decode_chunk
+from ..sse import StreamError
+from ..streaming import StreamRecorder
 from .collect import Tally
 from .plan import Plan, Stage, shard
 
@@ -185,11 +186,8 @@ class _StreamingUser(FastHttpUser):
 
 
 def _stream(resp, rec: RequestRecord, t0: float) -> None:
-    """Read the SSE body line by line as each line completes; the same parsing as ``Replayer._stream``."""
-    parser = SSEParser()
-    tokens = rec.token_s
-    finished = False
-    n_chunks = 0
+    """Read the SSE body line by line as each line completes; recorded as the aiohttp replayer does."""
+    recorder = StreamRecorder(rec)
     readline = resp.readline
     while True:
         line = readline(b"\n")
@@ -197,34 +195,8 @@ def _stream(resp, rec: RequestRecord, t0: float) -> None:
             line = resp.read()  # an unterminated last line, if any
             if not line:
                 break
-        t = now() - t0
-        for ev in parser.feed(line):
-            obj = decode_chunk(ev.data)
-            if obj is None:  # [DONE]
-                finished = True
-                continue
-            if chunk_content(obj):
-                tokens.append(t)
-                n_chunks += 1
-                if rec.first_token_s is None:
-                    rec.first_token_s = t
-            choices = obj.get("choices")
-            if choices and choices[0].get("finish_reason"):
-                finished = True
-            usage = obj.get("usage")
-            if usage:
-                rec.output_tokens = usage.get("completion_tokens", rec.output_tokens)
-                rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
-            timing = obj.get("timing")
-            if timing:
-                rec.server = {k: timing[k] for k in SERVER_KEYS if k in timing}
-    for ev in parser.close():
-        if decode_chunk(ev.data) is None:
-            finished = True
-    if not finished:
-        raise StreamError("stream ended without [DONE] or a finish_reason")
-    if rec.output_tokens is None:
-        rec.output_tokens = n_chunks
+        recorder.feed(line, now() - t0)
+    recorder.close()
 
 
 def _fire(events, rec: RequestRecord) -> None:
