@@ -136,3 +136,13 @@ def hf_checkpoint_factory(tmp_path_factory):
 def hf_checkpoint(request, hf_checkpoint_factory) -> Path:
     """Folder of a small HF checkpoint: the variant given by indirect parametrization, else "llama"."""
     return hf_checkpoint_factory(getattr(request, "param", "llama"))
+
+
+@pytest.fixture
+def mock_server():
+    """Start `slobench mock-server` targets: `url = mock_server("--ttft-ms", 20)`; `.last` is the process."""
+    from tests.helpers import MockServers
+
+    servers = MockServers()
+    yield servers
+    servers.stop_all()

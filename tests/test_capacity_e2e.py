@@ -4,7 +4,6 @@ reference engine (a short ramp that breaks), checking the run folder against the
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,11 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.embedded import free_port, wait_healthy
 from loadgen.records import read_records
-
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+from tests.helpers import ENV, REPO, slobench
 
 TOP_KEYS = {"kind", "run_id", "scenario", "target", "driver", "started_at", "duration_s", "verdict", "verdict_text",
             "axis", "slo", "headroom", "rated_capacity", "steps", "valid", "lateness", "versions", "git_commit",
@@ -28,11 +24,6 @@ STEP_KEYS = {"index", "load", "phase", "passed", "stopped_early", "duration_s", 
              "kv_usage", "batch_fill_ratio", "admission_rejections", "summary"}
 TIER_KEYS = {"requests", "ttft_ms_q", "ci_low_ms", "ci_high_ms", "passed", "p50_ttft_ms", "p99_ttft_ms"}
 BREAKDOWN_KEYS = {"queue_ms", "prefill_ms", "network_ms", "decode_ms", "source"}
-
-
-def slobench(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def check_contract(s: dict) -> None:
@@ -53,26 +44,6 @@ def check_contract(s: dict) -> None:
         assert {"mean_ttft_ms", "p99_ttft_ms", "request_throughput", "output_throughput", "errors",
                 "client_lateness"} <= set(st["summary"])
     json.dumps(s, allow_nan=False)  # strict JSON: no NaN / Infinity anywhere
-
-
-@pytest.fixture
-def mock_server():
-    procs = []
-
-    def start(*args):
-        port = free_port()
-        p = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "mock-server", "--port", str(port),
-                              *map(str, args)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        procs.append(p)
-        wait_healthy(f"http://127.0.0.1:{port}", p, 30)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            p.wait(10)
 
 
 def scenario(tmp_path: Path, search: str, tiers: str = "{standard: {slo: {ttft_ms: 300}}}") -> Path:

@@ -1,49 +1,21 @@
 """End to end: the slobench CLI against the mock server (and a target that dies mid-run)."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from loadgen.embedded import free_port, wait_healthy
+from loadgen.embedded import free_port
 from loadgen.records import read_records
-
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def slobench(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture
-def mock_server():
-    procs = []
-
-    def start(*args):
-        port = free_port()
-        p = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "mock-server", "--port", str(port), *map(str, args)],
-                             cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(p)
-        wait_healthy(f"http://127.0.0.1:{port}", p, 30)
-        return f"http://127.0.0.1:{port}", p
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            p.wait(10)
+from tests.helpers import ENV, REPO, slobench
 
 
 def test_run_scenario_against_the_mock_server(mock_server, tmp_path):
-    url, _ = mock_server("--ttft-ms", 40, "--itl-ms", 5, "--tokens", 8)
+    url = mock_server("--ttft-ms", 40, "--itl-ms", 5, "--tokens", 8)
     scn = tmp_path / "s.yaml"
     scn.write_text(
         "name: e2e\nworkload: {input_len: 12, output_len: 8}\n"
@@ -80,7 +52,7 @@ def test_run_scenario_against_the_mock_server(mock_server, tmp_path):
 
 
 def test_replay_trace_closed_loop_and_sharded_workers(mock_server, tmp_path):
-    url, _ = mock_server("--ttft-ms", 5, "--itl-ms", 1, "--tokens", 3)
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1, "--tokens", 3)
     traces = REPO.parent / "shared" / "traces" / "burstgpt" / "BurstGPT_1.head400.csv"
     if not traces.exists():
         pytest.skip("traces not found")
@@ -98,7 +70,8 @@ def test_replay_trace_closed_loop_and_sharded_workers(mock_server, tmp_path):
 
 
 def test_target_dying_mid_run_saves_partial_records(mock_server, tmp_path):
-    url, proc = mock_server("--ttft-ms", 10, "--itl-ms", 50, "--tokens", 40)  # 2 s streams
+    url = mock_server("--ttft-ms", 10, "--itl-ms", 50, "--tokens", 40)  # 2 s streams
+    proc = mock_server.last
     scn = tmp_path / "s.yaml"
     scn.write_text("workload: {input_len: 8, output_len: 40}\nload: {arrival: constant, rate: 20, requests: 400}\n")
     run = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "run", scn, "--target", url, "--reports", tmp_path,
@@ -122,7 +95,7 @@ def test_target_dying_mid_run_saves_partial_records(mock_server, tmp_path):
 
 
 def test_ctrl_c_ends_the_run_with_records_and_summary(mock_server, tmp_path):
-    url, _ = mock_server("--ttft-ms", 10, "--itl-ms", 100, "--tokens", 30)
+    url = mock_server("--ttft-ms", 10, "--itl-ms", 100, "--tokens", 30)
     scn = tmp_path / "s.yaml"
     scn.write_text("workload: {input_len: 8, output_len: 30}\nload: {arrival: constant, rate: 10, requests: 300}\n")
     run = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "run", scn, "--target", url, "--reports", tmp_path,
@@ -173,6 +146,6 @@ def test_unreachable_target_is_a_clear_error(tmp_path):
 
 
 def test_mock_server_health_and_models(mock_server):
-    url, _ = mock_server()
+    url = mock_server()
     with urllib.request.urlopen(url + "/v1/models") as r:
         assert json.load(r)["data"][0]["id"] == "mock"

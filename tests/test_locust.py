@@ -6,8 +6,6 @@ subprocesses here; this process imports the package's Locust-free modules only.
 """
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,15 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.embedded import EmbeddedEngine, free_port, wait_healthy
+from loadgen.embedded import EmbeddedEngine
 from loadgen.locust.collect import Collector, bucket_3_significant, quantile
 from loadgen.locust.plan import plan_from_scenario, plan_from_specs, shard
 from loadgen.records import read_records
 from loadgen.scenario import load_scenario
 from loadgen.summary import summarize
+from tests.helpers import ENV, REPO, slobench
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 LOCUSTFILE = REPO / "loadgen" / "locust" / "locustfile.py"
 KEYS = {"id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "prompt_tokens",
         "output_tokens", "status", "http_status", "error", "server"}
@@ -33,31 +30,6 @@ KEYS = {"id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_
 def locust(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", *map(str, args)],
                           cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
-
-
-def slobench(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture
-def mock_server():
-    procs = []
-
-    def start(*args):
-        port = free_port()
-        p = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "mock-server", "--port", str(port),
-                              *map(str, args)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        procs.append(p)
-        wait_healthy(f"http://127.0.0.1:{port}", p, 30)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            p.wait(10)
 
 
 def scenario(tmp_path, text, name="s.yaml"):

@@ -1,0 +1,45 @@
+"""Helpers for the end-to-end tests: the `slobench` CLI as a subprocess, and mock targets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from loadgen.embedded import free_port, wait_healthy
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def slobench(*args, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class MockServers:
+    """`servers(*mock-server flags) -> url`; every one started is stopped at the end of the test."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def __call__(self, *args) -> str:
+        port = free_port()
+        p = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "mock-server", "--port", str(port),
+                              *map(str, args)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        self.procs.append(p)
+        wait_healthy(f"http://127.0.0.1:{port}", p, 30)
+        return f"http://127.0.0.1:{port}"
+
+    @property
+    def last(self) -> subprocess.Popen:
+        return self.procs[-1]
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(10)
