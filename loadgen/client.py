@@ -52,8 +52,6 @@ class Progress:
     ttft_ms: deque = field(default_factory=lambda: deque(maxlen=2000))
 
 
-
-
 class TargetError(RuntimeError):
     """The target cannot be used (unreachable, no models, died mid-run)."""
 
