@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from loadgen.capacity import _breakdown, _deciding_steps, _scraped, metric_value
+from loadgen.capacity import _deciding_steps
+from loadgen.capacity_step import _breakdown, _scraped, metric_value
 from loadgen.records import RequestRecord
 from loadgen.search import CapacitySearch, SearchConfig, StepResult
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadgen.capacity import CapacityPlan, step_specs
+from loadgen.capacity_plan import CapacityPlan, step_specs
 from loadgen.scenario import ENGINE_OPTIONS, ScenarioError, apply_override, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
