@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from loadgen.arrivals import Arrivals  # noqa: E402
-from loadgen.embedded import free_port, wait_healthy  # noqa: E402
 from loadgen.locust.driver import LocustProcess  # noqa: E402
 from loadgen.records import read_records  # noqa: E402
 from loadgen.workloads import LengthDist, SyntheticWorkload  # noqa: E402
@@ -95,16 +93,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
-    mock = None
-    url = args.target
-    if not url:
-        port = free_port()
-        mock = subprocess.Popen(
-            [sys.executable, "-m", "loadgen.cli", "mock-server", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
-             "--itl-ms", str(args.itl_ms), "--tokens", str(args.tokens)], cwd=REPO, stdout=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, mock, 30)
-    rb = _replayer_bench() if "aiohttp" in args.drivers else None
+    rb = _replayer_bench()
+    url, mock = rb.start_mock(args)
     results: dict[str, list[dict]] = {d: [] for d in args.drivers}
     try:
         with tempfile.TemporaryDirectory() as d:

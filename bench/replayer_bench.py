@@ -83,6 +83,20 @@ def one_rate(url: str, rate: float, args, out_dir: Path) -> dict:
     }
 
 
+def start_mock(args) -> tuple[str, subprocess.Popen | None]:
+    """``args.target``, or a fresh ``slobench mock-server`` with the bench's timing in its own process."""
+    if args.target:
+        return args.target, None
+    port = free_port()
+    mock = subprocess.Popen(
+        [sys.executable, "-m", "loadgen.cli", "mock-server", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
+         "--itl-ms", str(args.itl_ms), "--tokens", str(args.tokens)],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, mock, 30)
+    return url, mock
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", type=float, nargs="+", default=[200, 400, 600, 800])
@@ -96,16 +110,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
-    mock = None
-    url = args.target
-    if not url:
-        port = free_port()
-        mock = subprocess.Popen(
-            [sys.executable, "-m", "loadgen.cli", "mock-server", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
-             "--itl-ms", str(args.itl_ms), "--tokens", str(args.tokens)],
-            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, mock, 30)
+    url, mock = start_mock(args)
     results = []
     try:
         with tempfile.TemporaryDirectory() as d:
