@@ -257,8 +257,8 @@ class BlockManager:
     def host_blocks_of(self, seq_ids: list[int]) -> list[int]:
         return self._distinct_blocks([self.host_tables[s] for s in seq_ids])
 
-    def can_swap_in(self, seq_ids: list[int], reserve: int = 0) -> bool:
-        return len(self.host_blocks_of(seq_ids)) + reserve <= self.num_free_blocks
+    def can_swap_in(self, seq_ids: list[int]) -> bool:
+        return len(self.host_blocks_of(seq_ids)) <= self.num_free_blocks
 
     def swap_in(self, seq_ids: list[int]) -> BlockOps:
         if not self.can_swap_in(seq_ids):

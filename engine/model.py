@@ -306,8 +306,3 @@ def allocate_kv_cache(
         for _ in range(cfg.num_hidden_layers)
     ]
 
-
-def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """K and V for one token over all layers: what sizes the cache for a memory budget."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize

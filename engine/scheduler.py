@@ -37,10 +37,6 @@ class SchedulerOutput:
     ops: BlockOps = field(default_factory=BlockOps)
     preempted: set[str] = field(default_factory=set)  # request ids
 
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int):
@@ -71,9 +67,6 @@ class Scheduler:
         # A request holds n slots from admission on: its n sequences fork after the prefill.
         return sum(r.params.n for r in self.running)
 
-    def has_work(self) -> bool:
-        return bool(self.running) or self.num_waiting() > 0 or self.num_swapped() > 0
-
     def remove(self, request: Request) -> None:
         """Take a request out of whichever queue holds it and free its KV (finish or abort)."""
         if request in self.running:
@@ -101,7 +94,7 @@ class Scheduler:
             budget = self._schedule_request(request, budget, out, scheduled_ids)
         if admit:
             # Swap-ins wait for a step without swap-outs (see BlockOps), fresh admissions need not.
-            budget = self._admit(budget, out, scheduled_ids, allow_swap_in=not out.ops.swap_out)
+            self._admit(budget, out, scheduled_ids, allow_swap_in=not out.ops.swap_out)
         return out
 
     def _admission_due(self) -> bool:
