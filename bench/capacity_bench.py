@@ -30,10 +30,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.capacity import measure_fixed, run_capacity  # noqa: E402
-from loadgen.embedded import EmbeddedEngine  # noqa: E402
-from loadgen.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
-from loadgen.scenario import load_scenario  # noqa: E402
+from loadgen.capacity.run import measure_fixed, run_capacity  # noqa: E402
+from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
+from loadgen.scenario.parse import load_scenario  # noqa: E402
+from loadgen.target.embedded import EmbeddedEngine  # noqa: E402
 
 
 def margin(step: dict) -> float:

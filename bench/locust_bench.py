@@ -11,7 +11,7 @@ same cores: say so with the numbers), open-loop Poisson loads at increasing rate
   start-up excluded / tokens received; the replayer's is its run's CPU time).
 
 A rate passes when p99 lateness <= 5 ms, p99 delivery error <= 5 ms and every request succeeded. The
-Locust side runs ``locust -f loadgen/locust/locustfile.py --headless`` (one process: it is both the
+Locust side runs ``locust -f loadgen/drivers/locust/locustfile.py --headless`` (one process: it is both the
 runner and the only load generator, i.e. one worker's worth of sending; ``--processes N`` adds workers)
 through ``loadgen.locust.driver.LocustProcess``, with the very schedule the replayer gets.
 
@@ -34,10 +34,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.arrivals import Arrivals  # noqa: E402
-from loadgen.locust.driver import LocustProcess  # noqa: E402
-from loadgen.records import read_records  # noqa: E402
-from loadgen.workloads import LengthDist, SyntheticWorkload  # noqa: E402
+from loadgen.drivers.locust.driver import LocustProcess  # noqa: E402
+from loadgen.results.records import read_records  # noqa: E402
+from loadgen.workload.arrivals import Arrivals  # noqa: E402
+from loadgen.workload.synthetic import LengthDist, SyntheticWorkload  # noqa: E402
 
 
 def _replayer_bench():

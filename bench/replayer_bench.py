@@ -32,12 +32,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.arrivals import Arrivals  # noqa: E402
-from loadgen.client import ClientConfig, Replayer, run_sync  # noqa: E402
-from loadgen.embedded import free_port, wait_healthy  # noqa: E402
-from loadgen.records import RecordWriter, read_records  # noqa: E402
-from loadgen.runner import RunOptions, execute  # noqa: E402
-from loadgen.workloads import LengthDist, SyntheticWorkload  # noqa: E402
+from loadgen.drivers.replayer import ClientConfig, Replayer, run_sync  # noqa: E402
+from loadgen.fixed_load import RunOptions, execute  # noqa: E402
+from loadgen.results.records import RecordWriter, read_records  # noqa: E402
+from loadgen.target.embedded import free_port, wait_healthy  # noqa: E402
+from loadgen.workload.arrivals import Arrivals  # noqa: E402
+from loadgen.workload.synthetic import LengthDist, SyntheticWorkload  # noqa: E402
 
 
 def one_rate(url: str, rate: float, args, out_dir: Path) -> dict:

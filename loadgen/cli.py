@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gate", help="compare a run with a baseline: exit 0 pass, 1 regression, 2 bad input")
     p.add_argument("run_dir", help="run folder (or its summary.json)")
     p.add_argument("--baseline", required=True, help="baseline summary .json or run folder")
-    p.add_argument("--rules", help="rules YAML (default: noise-aware defaults, see loadgen/gate.py)")
+    p.add_argument("--rules", help="rules YAML (default: noise-aware defaults, see loadgen/gate/)")
     p.add_argument("--junit", help="write JUnit XML here, one testcase per rule")
 
     p = sub.add_parser("mock-server", help="a mock OpenAI-compatible target with exact timing")
@@ -222,7 +222,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_mock_server(args) -> int:
-    from .mock_server import MockConfig, serve
+    from loadgen.target.mock_server import MockConfig, serve
 
     if args.ttft_ms < 0 or args.itl_ms < 0 or (args.tokens is not None and args.tokens < 1):
         raise UsageError("--ttft-ms and --itl-ms must be >= 0 and --tokens >= 1")
@@ -234,7 +234,7 @@ def cmd_mock_server(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .scenario import ScenarioError, load_scenario
+    from loadgen.scenario.parse import ScenarioError, load_scenario
 
     _goodput(args.goodput)  # bad SLOs fail before anything is loaded
     try:
@@ -258,8 +258,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from .arrivals import Arrivals
-    from .traces import TraceError, TraceOptions, load_trace
+    from loadgen.workload.arrivals import Arrivals
+    from loadgen.workload.traces import TraceError, TraceOptions, load_trace
 
     goodput = _goodput(args.goodput)
     for name in ("time_scale", "rate", "max_duration"):
@@ -295,7 +295,7 @@ def _pick(cli_value, default):
 
 
 def _goodput(items) -> dict[str, float]:
-    from .summary import parse_goodput
+    from loadgen.results.summary import parse_goodput
 
     try:
         return parse_goodput(items or [])
@@ -305,9 +305,10 @@ def _goodput(items) -> dict[str, float]:
 
 def _execute(args, specs, *, name, target, model, engine_opts, goodput_cfg, tier_slos, workers, max_conn,
              lateness, concurrency, read_timeout, meta) -> int:
-    from .client import ClientConfig, TargetError
-    from .embedded import EmbeddedEngine, EngineStartError
-    from .runner import RunOptions, execute, new_run_id
+    from loadgen.drivers.replayer import ClientConfig, TargetError
+    from loadgen.fixed_load import RunOptions, execute
+    from loadgen.results.rundir import new_run_id
+    from loadgen.target.embedded import EmbeddedEngine, EngineStartError
 
     if not specs:
         raise UsageError("the workload has no requests")
@@ -344,7 +345,7 @@ def _execute(args, specs, *, name, target, model, engine_opts, goodput_cfg, tier
             engine.stop()
     _print_summary(result.summary, result.run_dir, args.json)
     if not args.no_report:
-        from .report import auto_report
+        from loadgen.report import auto_report
 
         auto_report(result.run_dir)
     if not result.stopped and result.summary.get("requests") and not result.summary.get("completed"):
@@ -360,8 +361,8 @@ def _execute(args, specs, *, name, target, model, engine_opts, goodput_cfg, tier
 
 
 def cmd_capacity(args) -> int:
-    from .capacity import command
-    from .scenario import ScenarioError
+    from loadgen.capacity.run import command
+    from loadgen.scenario.parse import ScenarioError
 
     try:
         return command(args)
@@ -370,9 +371,9 @@ def cmd_capacity(args) -> int:
 
 
 def cmd_summarize(args) -> int:
-    from .records import read_records
-    from .scrape import read_metrics
-    from .summary import summarize
+    from loadgen.results.records import read_records
+    from loadgen.results.rundir import read_metrics
+    from loadgen.results.summary import summarize
 
     req = args.run_dir / "requests.jsonl"
     if not req.is_file():
@@ -395,8 +396,8 @@ def cmd_summarize(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import write_compare, write_report
-    from .report.data import RunDataError
+    from loadgen.report import write_compare, write_report
+    from loadgen.report.data import RunDataError
 
     try:
         if args.run_b is not None:
@@ -410,7 +411,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from .gate import main as gate_main
+    from loadgen.gate.rules import main as gate_main
 
     return gate_main(args.run_dir, args.baseline, args.rules, args.junit, sys.stdout, sys.stderr)
 

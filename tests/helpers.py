@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loadgen.embedded import free_port, wait_healthy
+from loadgen.target.embedded import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}

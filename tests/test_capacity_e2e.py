@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.records import read_records
+from loadgen.results.records import read_records
 from tests.helpers import ENV, REPO, slobench
 
 TOP_KEYS = {"kind", "run_id", "scenario", "target", "driver", "started_at", "duration_s", "verdict", "verdict_text",
@@ -162,7 +162,7 @@ def test_live_display_renders_steps_and_progress():
 
     from rich.console import Console
 
-    from loadgen.live import CapacityDisplay, step_line
+    from loadgen.capacity.display import CapacityDisplay, step_line
 
     buf = io.StringIO()
     d = CapacityDisplay("slobench capacity: t", "req/s", ["premium", "standard"],

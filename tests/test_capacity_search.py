@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.search import CapacitySearch, SearchConfig, StepResult
-from loadgen.slo import SLO, bootstrap_ci, breach_certain, breach_likely, judge, quantile
+from loadgen.capacity.search import CapacitySearch, SearchConfig, StepResult
+from loadgen.results.slo import SLO, bootstrap_ci, breach_certain, breach_likely, judge, quantile
 
 
 class MMc:

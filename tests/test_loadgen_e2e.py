@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from loadgen.embedded import free_port
-from loadgen.records import read_records
+from loadgen.results.records import read_records
+from loadgen.target.embedded import free_port
 from tests.helpers import ENV, REPO, slobench
 
 

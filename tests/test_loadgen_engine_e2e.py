@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.records import read_records
+from loadgen.results.records import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -3,8 +3,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.arrivals import Arrivals
-from loadgen.traces import TraceError, TraceOptions, load_length_stats, load_trace, read_burstgpt
+from loadgen.workload.arrivals import Arrivals
+from loadgen.workload.traces import TraceError, TraceOptions, load_length_stats, load_trace, read_burstgpt
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"traces not found at {TRACES}")

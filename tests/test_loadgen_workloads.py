@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from loadgen.arrivals import Arrivals
-from loadgen.scenario import ScenarioError, parse_scenario
-from loadgen.summary import parse_goodput, summarize
-from loadgen.workloads import Conversations, LengthDist, SharedPrefix, SyntheticWorkload
+from loadgen.results.summary import parse_goodput, summarize
+from loadgen.scenario.parse import ScenarioError, parse_scenario
+from loadgen.workload.arrivals import Arrivals
+from loadgen.workload.synthetic import Conversations, LengthDist, SharedPrefix, SyntheticWorkload
 
 
 def test_poisson_mean_rate_and_exponential_gaps():

@@ -1,4 +1,4 @@
-"""The Locust driver (loadgen/locust): plain ``locust`` runs against the reference engine and the mock
+"""The Locust driver (loadgen/drivers/locust): plain ``locust`` runs against the reference engine and the mock
 server, a distributed run, the SLO ramp, parity with the aiohttp replayer, the capacity-step call.
 
 Locust monkey-patches the standard library with gevent when imported, so it only ever runs in
@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.embedded import EmbeddedEngine
-from loadgen.locust.collect import Collector, bucket_3_significant, quantile
-from loadgen.locust.plan import plan_from_scenario, plan_from_specs, shard
-from loadgen.records import read_records
-from loadgen.scenario import load_scenario
-from loadgen.summary import summarize
+from loadgen.drivers.locust.collect import Collector, bucket_3_significant, quantile
+from loadgen.drivers.locust.plan import plan_from_scenario, plan_from_specs, shard
+from loadgen.results.records import read_records
+from loadgen.results.summary import summarize
+from loadgen.scenario.parse import load_scenario
+from loadgen.target.embedded import EmbeddedEngine
 from tests.helpers import ENV, REPO, slobench
 
 LOCUSTFILE = REPO / "loadgen" / "locust" / "locustfile.py"
@@ -204,7 +204,7 @@ def test_locust_and_aiohttp_drivers_agree_on_ttft(mock_server, tmp_path):
 
 
 def test_capacity_step_call_puts_records_on_the_callers_clock(mock_server, tmp_path):
-    from loadgen.locust.driver import run_stage
+    from loadgen.drivers.locust.driver import run_stage
 
     url = mock_server("--ttft-ms", 10, "--itl-ms", 1, "--tokens", 3)
     specs, _ = load_scenario(scenario(tmp_path, "name: st\nworkload: {input_len: 4, output_len: 3}\n"

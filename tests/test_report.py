@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 
 from loadgen.cli import main
-from loadgen.export import export_records, records_table
 from loadgen.report import auto_report, write_compare, write_report
 from loadgen.report import data as d
 from loadgen.report.html import script_json
+from loadgen.results.export import export_records, records_table
 
 from .test_report_fixtures import XSS, make_capacity_run, make_empty_run, make_fixed_run, write_run
 
@@ -193,7 +193,7 @@ def test_export_parquet_and_csv(tmp_path):
 
 
 def test_export_falls_back_to_csv_without_pyarrow(tmp_path, monkeypatch):
-    import loadgen.export as ex
+    import loadgen.results.export as ex
 
     monkeypatch.setattr(ex, "have_pyarrow", lambda: False)
     run = make_fixed_run(tmp_path / "csv", n=10)
@@ -243,7 +243,7 @@ def test_capacity_with_records_but_no_step_breakdown(tmp_path):
 @pytest.mark.slow
 def test_run_against_the_mock_server_writes_the_report(tmp_path):
     """End to end: `slobench run` against `slobench mock-server` leaves report.html and requests.parquet."""
-    from loadgen.embedded import free_port, wait_healthy
+    from loadgen.target.embedded import free_port, wait_healthy
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("SLOBENCH_NO_REPORT", None)

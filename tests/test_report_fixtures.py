@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from loadgen.summary import summarize
+from loadgen.results.summary import summarize
 
 XSS = '</script><img src=x onerror="alert(1)"><script>alert(2)</script> & \u2028'
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadgen.capacity_plan import CapacityPlan, step_specs
-from loadgen.scenario import ENGINE_OPTIONS, ScenarioError, apply_override, load_scenario, parse_scenario
+from loadgen.capacity.plan import CapacityPlan, step_specs
+from loadgen.scenario.parse import ENGINE_OPTIONS, ScenarioError, apply_override, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -218,8 +218,8 @@ def test_engine_option_table_matches_the_engine():
 
 
 def test_spread_ties_and_trace_scaling():
-    from loadgen.scenario import scale_specs, spread_ties
-    from loadgen.workloads import BlockPrompt, RequestSpec
+    from loadgen.scenario.parse import scale_specs, spread_ties
+    from loadgen.workload.synthetic import BlockPrompt, RequestSpec
 
     specs = [RequestSpec(f"r{i}", t, BlockPrompt((0, 1, i + 2), 1200, 512), 400, prompt_tokens=1200)
              for i, t in enumerate([0.0, 0.0, 0.0, 0.0, 3.0, 6.0, 6.0])]

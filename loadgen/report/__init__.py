@@ -12,13 +12,13 @@ from pathlib import Path
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, export: bool = True) -> Path:
-    from .html import write_report as _w
+    from loadgen.report.html import write_report as _w
 
     return _w(run_dir, out, export)
 
 
 def write_compare(run_a: str | Path, run_b: str | Path, out: str | Path | None = None) -> Path:
-    from .html import write_compare as _w
+    from loadgen.report.html import write_compare as _w
 
     return _w(run_a, run_b, out)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import gate
-from . import data as d
+from loadgen.gate import rules as gate
+from loadgen.report import data as d
 
 # (metric as the gate names it, True when higher is better)
 HEADLINE: tuple[tuple[str, bool | None], ...] = (

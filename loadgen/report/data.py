@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..records import read_records
-from ..scrape import read_metrics
-from ..summary import request_frame, summarize
+from loadgen.results.records import read_records
+from loadgen.results.rundir import read_metrics
+from loadgen.results.summary import request_frame, summarize
 
 RECORD_COLUMNS = ("id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s",
                   "prompt_tokens", "output_tokens", "status", "http_status", "error", "server")

@@ -21,10 +21,10 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from . import compare as cmp
-from . import data as d
-from . import plots as P
-from .templates import BASE, COMPARE, MACROS, REPORT
+from loadgen.report import compare as cmp
+from loadgen.report import data as d
+from loadgen.report import plots as P
+from loadgen.report.templates import BASE, COMPARE, MACROS, REPORT
 
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
@@ -248,7 +248,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, export: boo
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(run), encoding="utf-8")
     if export and (run.path / "requests.jsonl").is_file():
-        from ..export import export_records
+        from loadgen.results.export import export_records
 
         export_records(run.path)
     return path

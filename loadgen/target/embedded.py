@@ -103,7 +103,7 @@ class EmbeddedEngine:
             self.log_path = Path(os.devnull)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
-        repo = Path(__file__).resolve().parents[1]
+        repo = Path(__file__).resolve().parents[2]
         path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}
         self.proc = subprocess.Popen(  # a new session: our Ctrl-C is not its Ctrl-C, we stop it ourselves

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .plan import Plan
+from loadgen.drivers.locust.plan import Plan
 
 COUNTERS = ("sent", "done", "in_flight", "ok", "errors", "output_tokens")
 

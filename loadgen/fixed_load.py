@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from .client import ClientConfig, Progress, Replayer, TargetError, run_sync
-from .records import RecordWriter, read_records
-from .runmeta import now_iso
-from .scrape import Scraper, read_metrics
-from .summary import summarize
-from .workloads import RequestSpec
+from loadgen.drivers.replayer import ClientConfig, Progress, Replayer, TargetError, run_sync
+from loadgen.results.records import RecordWriter, read_records
+from loadgen.results.rundir import read_metrics
+from loadgen.results.runmeta import now_iso
+from loadgen.results.summary import summarize
+from loadgen.target.scrape import Scraper
+from loadgen.workload.synthetic import RequestSpec
 
 
 @dataclass
@@ -34,7 +35,7 @@ class RunOptions:
     run_dir: Path
     client: ClientConfig
     workers: int = 1
-    driver: str = "aiohttp"  # or "locust" (loadgen/locust: the same records through a Locust process)
+    driver: str = "aiohttp"  # or "locust" (loadgen/drivers/locust: the same records through a Locust process)
     concurrency: int = 0  # > 0: closed loop with this many users
     scrape: bool = True
     progress: bool = True
@@ -52,9 +53,6 @@ class RunResult:
     stopped: str | None  # why the run ended early, None when it ran to the end
 
 
-def new_run_id(name: str) -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{name}"
-
 
 def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     run_dir = Path(opts.run_dir)
@@ -66,7 +64,7 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     config = {"target": opts.client.target, "client": asdict(opts.client), "workers": opts.workers,
               "concurrency": opts.concurrency, "requests_planned": len(specs), **opts.meta}
     if opts.driver == "locust":
-        from .locust.driver import run_locust
+        from loadgen.drivers.locust.driver import run_locust
 
         config["driver"] = "locust"
         stopped, model = run_locust(specs, opts, req_path, met_path)
@@ -89,7 +87,7 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
 
 def _metadata(opts: RunOptions, run_dir: Path, driver: str, started_at: str) -> dict[str, Any]:
     """The metadata keys every summary.json carries (kind run | replay, scenario, target, versions ...)."""
-    from .runmeta import run_metadata
+    from loadgen.results.runmeta import run_metadata
 
     meta = opts.meta
     if isinstance(meta.get("scenario"), str):
@@ -211,7 +209,7 @@ def _worker(idx, specs, cfg: ClientConfig, req_path, concurrency, ready, go, t0v
 
 
 def _sharded(specs, opts: RunOptions, req_path: Path, met_path: Path) -> tuple[str | None, str | None]:
-    from .client import discover_model
+    from loadgen.drivers.replayer import discover_model
 
     cfg = opts.client
     if cfg.model is None:

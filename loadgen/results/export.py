@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .records import read_records
-from .summary import request_frame
+from loadgen.results.records import read_records
+from loadgen.results.summary import request_frame
 
 COLUMNS = {  # name -> pandas dtype of the exported column
     "id": "string", "stage": "Int64", "tier": "string", "scheduled_s": "float64", "sent_s": "float64",

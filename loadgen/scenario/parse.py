@@ -20,7 +20,7 @@ tiers:                     # weight and SLOs (ms) per service tier
 load: {arrival: poisson, rate: 4, requests: 40, duration_s: 30}   # arrival: poisson|gamma|constant|closed
 goodput: {ttft_ms: 800}
 client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10}
-search:                    # for ``slobench capacity`` (see loadgen/capacity.py)
+search:                    # for ``slobench capacity`` (see loadgen/capacity/)
   axis: rate               # rate (req/s, open loop with load.arrival) | concurrency (users, closed loop)
   start: 2                 # first load of the ramp
   growth: 2.0              # ramp factor
@@ -53,12 +53,11 @@ from typing import Any
 
 import yaml
 
-from .arrivals import KINDS as ARRIVAL_KINDS
-from .arrivals import Arrivals
-from .search import AXES, SearchConfig
-from .slo import SLO
-from .traces import FORMATS, TraceError, TraceOptions, load_length_stats, load_trace
-from .workloads import (
+from loadgen.capacity.search import AXES, SearchConfig
+from loadgen.results.slo import SLO
+from loadgen.workload.arrivals import KINDS as ARRIVAL_KINDS
+from loadgen.workload.arrivals import Arrivals
+from loadgen.workload.synthetic import (
     DEFAULT_TOKEN_RANGE,
     BlockPrompt,
     Conversations,
@@ -67,6 +66,7 @@ from .workloads import (
     SharedPrefix,
     SyntheticWorkload,
 )
+from loadgen.workload.traces import FORMATS, TraceError, TraceOptions, load_length_stats, load_trace
 
 SLO_NAMES = ("ttft_ms", "tpot_ms", "e2el_ms")
 # service_tier values: the reference engine's, and OpenAI's that map onto them

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .arrivals import Arrivals
-from .workloads import DEFAULT_TOKEN_RANGE, BlockPrompt, RequestSpec
+from loadgen.workload.arrivals import Arrivals
+from loadgen.workload.synthetic import DEFAULT_TOKEN_RANGE, BlockPrompt, RequestSpec
 
 FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
 _EPOCH = datetime(2020, 1, 1)

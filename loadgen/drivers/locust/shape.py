@@ -21,9 +21,9 @@ from typing import Any
 from locust import LoadTestShape
 from locust.runners import MasterRunner
 
-from .collect import Collector
-from .plan import Plan
-from .users import STATE, ClosedLoopUser, OpenLoopDriver, apply_client_settings, client_config
+from loadgen.drivers.locust.collect import Collector
+from loadgen.drivers.locust.plan import Plan
+from loadgen.drivers.locust.users import STATE, ClosedLoopUser, OpenLoopDriver, apply_client_settings, client_config
 
 log = logging.getLogger("slobench.locust")
 
@@ -190,8 +190,8 @@ class Control:
         (col.out_dir / "locust_stages.json").write_text(json.dumps(verdict, indent=2, default=str) + "\n")
         col.close()
         if self.opts.get("summary", True):
-            from ..records import read_records
-            from ..summary import summarize
+            from loadgen.results.records import read_records
+            from loadgen.results.summary import summarize
 
             s = summarize(read_records(col.req_path), tier_slos=self.plan.tier_slos)
             s.update(run_id=col.out_dir.name, driver="locust", model=self.opts.get("model"),

@@ -2,7 +2,7 @@
 
 Locust monkey-patches the standard library with gevent when it is imported, so it never runs inside
 slobench's asyncio process: this module writes the request specs to a file, starts
-``python -m locust -f loadgen/locust/locustfile.py --headless --slobench-specs FILE`` (``--processes N``
+``python -m locust -f loadgen/drivers/locust/locustfile.py --headless --slobench-specs FILE`` (``--processes N``
 for more load generators), and reads back the records its master gathered into ``requests.jsonl``, in
 the same format as the aiohttp replayer's. Importing this module does not import Locust.
 """
@@ -19,12 +19,12 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..records import RequestRecord, read_records
-from ..workloads import RequestSpec
-from .plan import write_specs
+from loadgen.drivers.locust.plan import write_specs
+from loadgen.results.records import RequestRecord, read_records
+from loadgen.workload.synthetic import RequestSpec
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXIT_SLO_BROKEN = 3
 
 
@@ -33,7 +33,7 @@ class LocustRunError(RuntimeError):
 
 
 def discover_model(target: str, timeout: float = 10.0) -> str:
-    from ..client import TargetError
+    from loadgen.drivers.replayer import TargetError
 
     try:
         with urllib.request.urlopen(target.rstrip("/") + "/v1/models", timeout=timeout) as r:  # noqa: S310
@@ -132,7 +132,7 @@ class LocustProcess:
 def run_locust(specs: Sequence[RequestSpec], opts, req_path: Path, met_path: Path) -> tuple[str | None, str | None]:
     """``runner.execute``'s Locust path: the same inputs and outputs as its aiohttp paths (records in
     ``req_path``, the scrape in ``met_path``); returns (why it stopped early or None, model)."""
-    from ..scrape import Scraper
+    from loadgen.target.scrape import Scraper
 
     cfg = opts.client
     lp = LocustProcess(specs, cfg.target, req_path.parent, model=cfg.model, concurrency=opts.concurrency,
@@ -158,7 +158,7 @@ def run_locust(specs: Sequence[RequestSpec], opts, req_path: Path, met_path: Pat
             stopped = reason
             lp.stop()
         if display:
-            from ..runner import _recent_ttfts
+            from loadgen.fixed_load import _recent_ttfts
 
             ttfts = _recent_ttfts(req_path)
             n = _count_lines(req_path)
@@ -168,7 +168,7 @@ def run_locust(specs: Sequence[RequestSpec], opts, req_path: Path, met_path: Pat
     try:
         lp.start()
         if opts.progress:
-            from ..runner import _Display
+            from loadgen.fixed_load import _Display
 
             display = _Display(len(specs))
         rc = lp.wait(poll)

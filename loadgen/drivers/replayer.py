@@ -23,10 +23,10 @@ from typing import Any
 
 import aiohttp
 
-from .records import RecordWriter, RequestRecord
-from .sse import StreamError
-from .streaming import StreamRecorder
-from .workloads import RequestSpec
+from loadgen.drivers.sse import StreamError
+from loadgen.drivers.stream_recorder import StreamRecorder
+from loadgen.results.records import RecordWriter, RequestRecord
+from loadgen.workload.synthetic import RequestSpec
 
 
 @dataclass(slots=True)

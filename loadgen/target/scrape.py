@@ -100,18 +100,3 @@ class Scraper:
         if self._proc.is_alive():
             self._proc.terminate()
             self._proc.join(1.0)
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    p = Path(path)
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
-            o = json.loads(line)
-        except ValueError:
-            continue
-        if "metrics" in o:
-            out.append(o)
-    return out

@@ -31,14 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from .capacity_plan import CapacityPlan, step_specs
-from .client import ClientConfig, Progress, Replayer, now
-from .records import RecordWriter, RequestRecord
-from .scrape import Scraper, read_metrics, scrape_once
-from .search import StepResult
-from .slo import SLO, breach_certain, breach_likely, judge, quantile
-from .summary import BREAKDOWN_HISTOGRAMS, summarize
-from .workloads import RequestSpec
+from loadgen.capacity.plan import CapacityPlan, step_specs
+from loadgen.capacity.search import StepResult
+from loadgen.drivers.replayer import ClientConfig, Progress, Replayer, now
+from loadgen.results.records import RecordWriter, RequestRecord
+from loadgen.results.rundir import read_metrics
+from loadgen.results.slo import SLO, breach_certain, breach_likely, judge, quantile
+from loadgen.results.summary import BREAKDOWN_HISTOGRAMS, summarize
+from loadgen.target.scrape import Scraper, scrape_once
+from loadgen.workload.synthetic import RequestSpec
 
 AGREE_REL = 0.10  # Little's law vs measured in-flight: relative agreement ...
 AGREE_ABS = 0.25  # ... or this many requests apart (tiny concurrencies)
@@ -236,7 +237,7 @@ class CapacityRunner:
     async def _run_locust_step(self, specs: list[RequestSpec], load: float, index: int, start: float,
                                dur: float) -> None:
         """One step through Locust (its own processes); its records join this run's clock and file."""
-        from .locust.driver import run_stage
+        from loadgen.drivers.locust.driver import run_stage
 
         plan, s = self.plan, self.plan.scenario
         recs = await asyncio.get_running_loop().run_in_executor(None, lambda: run_stage(

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .scenario import Scenario, ScenarioError, StepOptions, scale_specs, spread_ties
-from .search import SearchConfig
-from .slo import SLO
-from .traces import TraceError, load_trace
-from .workloads import RequestSpec
+from loadgen.capacity.search import SearchConfig
+from loadgen.results.slo import SLO
+from loadgen.scenario.parse import Scenario, ScenarioError, StepOptions, scale_specs, spread_ties
+from loadgen.workload.synthetic import RequestSpec
+from loadgen.workload.traces import TraceError, load_trace
 
 TRACE_MIN_ROWS = 50  # trace rows a rate step draws on at least (a short slice of a bursty trace degenerates)
 
@@ -64,7 +64,7 @@ def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float
     if scn.workload_type == "synthetic":
         if axis == "rate":
             a = scn.arrivals if scn.arrivals and not scn.arrivals.closed else None
-            from .arrivals import Arrivals
+            from loadgen.workload.arrivals import Arrivals
 
             arr = Arrivals(a.kind if a else "poisson", rate=load, burstiness=a.burstiness if a else 1.0)
             times = arr.times(duration_s=duration_s, seed=scn.seed)

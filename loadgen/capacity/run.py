@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from .capacity_plan import CapacityPlan, step_specs
-from .capacity_step import CapacityRunner
-from .client import run_sync
-from .runmeta import now_iso, run_metadata
-from .scenario import Scenario, ScenarioError, StepOptions
-from .search import CapacitySearch, SearchOutcome, Step
+from loadgen.capacity.plan import CapacityPlan, step_specs
+from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step
+from loadgen.capacity.step import CapacityRunner
+from loadgen.drivers.replayer import run_sync
+from loadgen.results.runmeta import now_iso, run_metadata
+from loadgen.scenario.parse import Scenario, ScenarioError, StepOptions
 
 # ------------------------------------------------------------------ the run
 
@@ -148,8 +148,8 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
                  driver: str = "aiohttp", workers: int = 1) -> CapacityResult:
     """The whole capacity run: start the embedded engine when there is no target, search, write the
     run folder. Raises EngineStartError / TargetError for a target that cannot be used at all."""
-    from .embedded import EmbeddedEngine
-    from .live import CapacityDisplay
+    from loadgen.capacity.display import CapacityDisplay
+    from loadgen.target.embedded import EmbeddedEngine
 
     plan = CapacityPlan.from_scenario(scn)
     run_dir = Path(run_dir)
@@ -254,10 +254,10 @@ def command(args) -> int:
     130 on Ctrl-C (everything measured is saved either way). Bad input raises ScenarioError."""
     import sys
 
-    from .client import TargetError
-    from .embedded import EngineStartError
-    from .runner import new_run_id
-    from .scenario import load_scenario
+    from loadgen.drivers.replayer import TargetError
+    from loadgen.results.rundir import new_run_id
+    from loadgen.scenario.parse import load_scenario
+    from loadgen.target.embedded import EngineStartError
 
     scn = load_scenario(args.scenario, overrides=list(args.set or []))
     if args.seed is not None:
@@ -291,7 +291,7 @@ def command(args) -> int:
         print_verdict(s)
         print(f"results: {res.run_dir}/ (summary.json, requests.jsonl, metrics.jsonl)")
     if not getattr(args, "no_report", False) and s["steps"]:
-        from .report import auto_report  # never raises: a report must not fail a measured run
+        from loadgen.report import auto_report  # never raises: a report must not fail a measured run
 
         auto_report(res.run_dir)
     if res.stopped:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..arrivals import Arrivals
-from ..workloads import RequestSpec
+from loadgen.workload.arrivals import Arrivals
+from loadgen.workload.synthetic import RequestSpec
 
 
 @dataclass(slots=True)
@@ -137,7 +137,7 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
     """A scenario file as a plan. Without ``steps``: its ``load`` section, one stage, the same specs as
     ``slobench run``. With ``steps`` (loads on the scenario's axis: req/s for open-loop arrivals, users for
     ``closed``): one stage of ``step_s`` seconds per load, each a fresh seeded schedule at that load."""
-    from ..scenario import load_scenario
+    from loadgen.scenario.parse import load_scenario
 
     scn = load_scenario(path)
     if seed is not None:
@@ -175,7 +175,7 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
 
 
 def _trace_specs(scn, rate: float | None, seed: int, duration_s: float | None = None) -> list[RequestSpec]:
-    from ..traces import load_trace
+    from loadgen.workload.traces import load_trace
 
     opts = dataclasses.replace(scn.trace_options, rate=rate, seed=seed, max_duration_s=duration_s)
     return load_trace(scn.trace_path, scn.trace_format, opts)[0]

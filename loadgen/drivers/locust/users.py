@@ -5,7 +5,7 @@ body, so neither sees a token when it arrives. These users take the connection f
 :class:`~locust.contrib.fasthttp.FastHttpUser`'s own geventhttpclient pool, read the body with
 ``readline(b"\\n")`` (it returns as soon as one SSE line is complete, whatever is still buffered), and
 stamp each content chunk with ``time.monotonic()`` at that moment. The record they write is the
-aiohttp replayer's, field for field (``loadgen/client.py``): TTFT at the first non-empty content chunk,
+aiohttp replayer's, field for field (``loadgen/drivers/replayer.py``): TTFT at the first non-empty content chunk,
 measured from the *scheduled* time; one timestamp per content chunk; ``usage`` and ``timing`` from the
 final chunk; the same statuses. Each finished request fires three Locust request events,
 ``LLM ttft``, ``LLM tpot`` and ``LLM e2e`` (ms, output tokens as the response length); a failed one
@@ -33,12 +33,12 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from geventhttpclient.url import URL
 from locust import FastHttpUser, constant, task
 
-from ..client import ClientConfig, _error_text, build_body
-from ..records import RequestRecord
-from ..sse import StreamError
-from ..streaming import StreamRecorder
-from .collect import Tally
-from .plan import Plan, Stage, shard
+from loadgen.drivers.locust.collect import Tally
+from loadgen.drivers.locust.plan import Plan, Stage, shard
+from loadgen.drivers.replayer import ClientConfig, _error_text, build_body
+from loadgen.drivers.sse import StreamError
+from loadgen.drivers.stream_recorder import StreamRecorder
+from loadgen.results.records import RequestRecord
 
 now = time.monotonic
 

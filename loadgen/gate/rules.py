@@ -125,7 +125,7 @@ def load_summary(path: str | Path) -> dict[str, Any]:
         if not s.is_file():
             if not (p / "requests.jsonl").is_file():
                 raise GateInputError(f"{p}: no summary.json or requests.jsonl in this folder")
-            from .report.data import load_run
+            from loadgen.report.data import load_run
 
             return load_run(p).summary
         p = s

@@ -1,9 +1,9 @@
 """slobench's Locust driver: streaming LLM users, an SLO ramp shape, records gathered at the master.
 
-    locust -f loadgen/locust/locustfile.py --headless --host http://127.0.0.1:8000 \\
+    locust -f loadgen/drivers/locust/locustfile.py --headless --host http://127.0.0.1:8000 \\
         --slobench-scenario scenarios/smoke.yaml --slobench-out reports/my-run
     # a ramp that stops (exit code 3) when a tier's p99 TTFT SLO breaks:
-    locust -f loadgen/locust/locustfile.py --headless --host URL --slobench-scenario S.yaml \\
+    locust -f loadgen/drivers/locust/locustfile.py --headless --host URL --slobench-scenario S.yaml \\
         --slobench-steps 2,4,8,16 --slobench-step-s 20 --slobench-warmup-s 5
     # more load generators: --processes N here, or --master here and --worker --master-host H elsewhere
 
@@ -31,10 +31,10 @@ import locust.stats
 from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadgen.locust.collect import bucket_3_significant
-from loadgen.locust.plan import parse_steps, plan_from_scenario, plan_from_specs_file
-from loadgen.locust.shape import CONTROL, MSG_START, MSG_STOP, SLORampShape, start_sending, stop_local
-from loadgen.locust.users import STATE, ClosedLoopUser, OpenLoopDriver
+from loadgen.drivers.locust.collect import bucket_3_significant
+from loadgen.drivers.locust.plan import parse_steps, plan_from_scenario, plan_from_specs_file
+from loadgen.drivers.locust.shape import CONTROL, MSG_START, MSG_STOP, SLORampShape, start_sending, stop_local
+from loadgen.drivers.locust.users import STATE, ClosedLoopUser, OpenLoopDriver
 
 __all__ = ["ClosedLoopUser", "OpenLoopDriver", "SLORampShape"]
 

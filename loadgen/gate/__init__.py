@@ -1,0 +1,2 @@
+"""``slobench gate``: CI rules over two summaries, their evaluation, and the text / JUnit / markdown
+outputs."""
