@@ -1,7 +1,8 @@
 """slobench's reference inference engine."""
 
 from engine.config import EngineConfig
-from engine.engine import CompletionOutput, Engine, EngineStats, RequestOutput, Timing
+from engine.engine import Engine
+from engine.outputs import CompletionOutput, EngineStats, RequestOutput, Timing
 from engine.sampling import SamplingParams
 
 __all__ = [

@@ -9,9 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
@@ -19,97 +17,16 @@ from engine.block_manager import BlockManager
 from engine.config import TIERS, EngineConfig, normalize_tier
 from engine.errors import InvalidRequestError, PromptTooLongError, QueueFullError
 from engine.loader import load_model
-from engine.model_runner import ModelRunner, sample
+from engine.model_runner import ModelRunner
+from engine.output_processor import OutputProcessor, build_output
+from engine.outputs import EngineStats, RequestOutput
+from engine.sampler import Sampler
 from engine.sampling import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
-
-
-@dataclass
-class Timing:
-    """Where a request's time went, from the engine's own clock (time.monotonic())."""
-
-    queue_ms: float
-    prefill_ms: float
-    decode_ms: float
-    tier: str
-    arrival_time: float
-    first_scheduled_time: float | None
-    first_token_time: float | None
-    finished_time: float
-    token_times: list[float] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {"queue_ms": round(self.queue_ms, 3), "prefill_ms": round(self.prefill_ms, 3),
-                "decode_ms": round(self.decode_ms, 3), "tier": self.tier}
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    token_ids: list[int]  # everything generated so far
-    text: str  # detokenized so far, stop strings trimmed, incomplete UTF-8 held back
-    new_token_ids: list[int]  # generated in this step
-    new_text: str
-    finish_reason: str | None  # None while running, else "stop" | "length" | "abort"
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    tier: str
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
-    timing: Timing | None  # set once finished
-    num_cached_tokens: int
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.outputs[0].token_ids
-
-    @property
-    def text(self) -> str:
-        return self.outputs[0].text
-
-
-@dataclass
-class EngineStats:
-    kv_usage: float
-    fragmentation: float
-    num_kv_blocks: int
-    used_kv_blocks: int
-    blocks_saved_by_sharing: int
-    prefix_query_tokens: int
-    prefix_hit_tokens: int
-    num_running: int  # sequences in the batch
-    num_waiting: int
-    num_swapped: int
-    batch_fill_ratio: float  # running sequences / batch slots
-    num_preemptions: int  # cumulative
-    num_swap_outs: int  # cumulative; preemptions that were not swaps dropped KV to recompute
-    admission_rejections: dict[str, int]
-    waiting_by_tier: dict[str, int]
-    running_by_tier: dict[str, int]
-    kv_usage_by_tier: dict[str, float]  # blocks referenced by the tier's running sequences / all blocks
-    steps: int
-    schedule_time_s: float  # in the scheduler, cumulative
-    process_time_s: float  # sampling bookkeeping, stop checks, detokenizing, outputs, cumulative
-    step_time_s: float  # whole steps, cumulative
-
+from engine.timing import StepClock, StepTimes, record_scheduled, record_token_step
 
 _request_ids = itertools.count()
-
-
-def stop_prefix_overlap(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of some stop string."""
-    best = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:k]):
-                best = k
-                break
-    return best
 
 
 class Engine:
@@ -136,6 +53,8 @@ class Engine:
         self.runner = ModelRunner(self.model, self.model_config, self.device, self.dtype,
                                   num_blocks, num_host_blocks, config.block_size)
         self.eos_token_ids = list(self.tokenizer.eos_token_ids)
+        self.sampler = Sampler(self.device, self.eos_token_ids)
+        self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self._inbox: deque[tuple[str, object]] = deque()
         self._inbox_lock = threading.Lock()
@@ -143,9 +62,7 @@ class Engine:
         self._work = threading.Event()
         self._step_lock = threading.RLock()
         self.admission_rejections = dict.fromkeys(TIERS, 0)
-        self._schedule_time = 0.0
-        self._process_time = 0.0
-        self._step_time = 0.0
+        self.step_times = StepTimes()
 
     # ---- requests in ----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -209,30 +126,20 @@ class Engine:
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Take in new requests and aborts, schedule, run the model, then process what it produced."""
         with self._step_lock:
-            t0 = time.monotonic()
+            clock = StepClock()
             outputs: dict[str, RequestOutput] = {}
-            self._drain_inbox(outputs, t0)
-            sched = self.scheduler.schedule()
-            t1 = time.monotonic()
-            self.runner.execute_ops(sched.ops)
-            batch = sched.scheduled
-            t2 = t3 = t1
-            if batch:
-                for item in batch:
-                    request = self.requests[item.seq.request_id]
-                    if request.first_scheduled_time is None:
-                        request.first_scheduled_time = t0
-                tables = [self.block_manager.block_table(item.seq.seq_id) for item in batch]
-                rows = [i for i, item in enumerate(batch)
-                        if item.seq.num_computed + item.num_new_tokens == item.seq.num_tokens]
-                logits = self.runner.run(batch, tables, rows)
-                t2 = time.monotonic()
-                self._process(batch, rows, logits, outputs, t2)
-                t3 = time.monotonic()
-            self._schedule_time += t1 - t0
-            self._process_time += t3 - t2
-            self._step_time += t3 - t0
+            self._drain_inbox(outputs, clock.start)
+            plan = self.scheduler.schedule()
+            clock.mark_scheduled()
+            self.runner.execute_ops(plan.ops)
+            if plan.scheduled:
+                logits, sample_rows = self._run(plan.scheduled, clock.start)
+                clock.mark_ran()
+                self._process(plan.scheduled, sample_rows, logits, outputs, clock.ran)
+                clock.mark_processed()
+            self.step_times.add(clock)
             return list(outputs.values())
 
     def _drain_inbox(self, outputs: dict[str, RequestOutput], now: float) -> None:
@@ -257,128 +164,90 @@ class Engine:
         self.scheduler.add(request)
 
     def _new_seq(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
-        generator = None
-        if request.params.seed is not None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(request.params.seed + index)
         return Sequence(request.request_id, index, token_ids, len(request.prompt_ids), request.params,
-                        request.tier, request.arrival_time, status=SeqStatus.RUNNING, generator=generator)
+                        request.tier, request.arrival_time, status=SeqStatus.RUNNING,
+                        generator=self.sampler.generator_for(request.params, index))
 
-    def _process(self, batch, rows: list[int], logits: torch.Tensor, outputs: dict[str, RequestOutput],
-                 now: float) -> None:
+    def _run(self, batch: list[ScheduledSeq], step_start: float) -> tuple[torch.Tensor, list[int]]:
+        """Forward the batch: logits for the rows that sample, those whose prompt is now all in the cache."""
+        for item in batch:
+            record_scheduled(self.requests[item.seq.request_id], step_start)
+        tables = [self.block_manager.block_table(item.seq.seq_id) for item in batch]
+        rows = [i for i, item in enumerate(batch)
+                if item.seq.num_computed + item.num_new_tokens == item.seq.num_tokens]
+        return self.runner.run(batch, tables, rows), rows
+
+    # ---- processing a step's outputs ------------------------------------------------------------
+    def _process(self, batch: list[ScheduledSeq], sample_rows: list[int], logits: torch.Tensor,
+                 outputs: dict[str, RequestOutput], now: float) -> None:
+        """Commit the computed KV, sample, append tokens and check stops, then emit the requests' outputs."""
+        self._commit_computed(batch)
+        draws = self._draws(batch, sample_rows)
+        if not draws:
+            return
+        rows = torch.tensor([row for row, _ in draws], device=logits.device)
+        seqs = [seq for _, seq in draws]
+        tokens = self.sampler.sample(logits[rows], seqs)
+        self._emit(self._append_tokens(seqs, tokens), outputs, now)
+
+    def _commit_computed(self, batch: list[ScheduledSeq]) -> None:
+        """The batch's new tokens are in the KV cache now (full blocks become shareable prefixes)."""
         for item in batch:
             seq = item.seq
             seq.num_computed += item.num_new_tokens
             self.block_manager.commit(seq.seq_id, seq.token_ids, seq.num_computed)
-        # Which logits row each sampled sequence draws from: a request with n > 1 forks its n sequences
-        # off the first one once the prompt is in the cache, sharing its blocks (copy-on-write).
+
+    def _draws(self, batch: list[ScheduledSeq], sample_rows: list[int]) -> list[tuple[int, Sequence]]:
+        """(logits row, sequence) for every sequence that samples a token this step.
+
+        A request with n > 1 forks its n sequences off the first one once the prompt is in the cache,
+        sharing its blocks (copy-on-write); the children draw from the parent's logits row.
+        """
         draws: list[tuple[int, Sequence]] = []
-        for logit_row, i in enumerate(rows):
+        for logit_row, i in enumerate(sample_rows):
             seq = batch[i].seq
             draws.append((logit_row, seq))
             request = self.requests[seq.request_id]
             if seq.num_output_tokens == 0 and len(request.seqs) < request.params.n:
-                for index in range(1, request.params.n):
-                    child = self._new_seq(request, index, list(seq.token_ids))
-                    child.num_computed = seq.num_computed
-                    child.num_cached_prefix = seq.num_cached_prefix
-                    child.last_scheduled_step = seq.last_scheduled_step
-                    self.block_manager.fork(seq.seq_id, child.seq_id)
-                    request.seqs.append(child)
-                    draws.append((logit_row, child))
-        if not draws:
-            return
-        picked = logits[torch.tensor([r for r, _ in draws], device=logits.device)]
-        tokens = sample(picked, [s for _, s in draws], self.eos_token_ids)
+                draws += [(logit_row, child) for child in self._fork(request, seq)]
+        return draws
+
+    def _fork(self, request: Request, parent: Sequence) -> list[Sequence]:
+        children = []
+        for index in range(1, request.params.n):
+            child = self._new_seq(request, index, list(parent.token_ids))
+            child.num_computed = parent.num_computed
+            child.num_cached_prefix = parent.num_cached_prefix
+            child.last_scheduled_step = parent.last_scheduled_step
+            self.block_manager.fork(parent.seq_id, child.seq_id)
+            request.seqs.append(child)
+            children.append(child)
+        return children
+
+    def _append_tokens(self, seqs: list[Sequence], tokens: list[int]) -> list[Request]:
+        """Each sequence takes its token; one that finishes frees its KV at once. Returns the requests touched."""
         touched: dict[str, Request] = {}
-        for (_, seq), token in zip(draws, tokens, strict=True):
-            request = self.requests[seq.request_id]
-            seq.token_ids.append(token)
-            if request.first_token_time is None:
-                request.first_token_time = now
-            self._check_stop(seq, token)
-            touched[request.request_id] = request
-        for request in touched.values():
-            request.token_times.append(now)
+        for seq, token in zip(seqs, tokens, strict=True):
+            reason = self.output_processor.append_token(seq, token)
+            if reason is not None:
+                seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+                self.block_manager.free(seq.seq_id)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        return list(touched.values())
+
+    def _emit(self, touched: list[Request], outputs: dict[str, RequestOutput], now: float) -> None:
+        for request in touched:
+            record_token_step(request, now)
             if request.is_finished:
                 self._finish_request(request, outputs, now)
             else:
-                outputs[request.request_id] = self._output(request, finished=False)
-
-    def _check_stop(self, seq: Sequence, token: int) -> None:
-        p = seq.params
-        n_out = seq.num_output_tokens
-        reason = None
-        if n_out >= p.min_tokens and (token in p.stop_token_ids
-                                      or (not p.ignore_eos and token in self.eos_token_ids)):
-            reason = "stop"
-        elif n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = "length"
-        checked = len(seq.text)
-        seq.text += self._detokenize_step(seq, final=reason is not None)
-        if reason is None and p.stop and n_out >= p.min_tokens:
-            # Only the tail can hold a new match: the text before it was already checked.
-            start = max(0, checked - max(len(s) for s in p.stop) + 1)
-            hits = [i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0]
-            if hits:
-                seq.text, reason = seq.text[: min(hits)], "stop"
-        if reason is not None:
-            seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
-            self.block_manager.free(seq.seq_id)
-
-    def _detokenize_step(self, seq: Sequence, final: bool) -> str:
-        """Text the newest token adds, decoding only a short window (constant work per token).
-
-        The window starts a few tokens back so tokenizers that merge across token boundaries (leading
-        spaces, multi-byte characters split over byte tokens) still render right; text that ends in an
-        incomplete UTF-8 sequence is held back until the bytes that complete it arrive.
-        """
-        ids = seq.output_ids
-        before = self.tokenizer.decode(ids[seq.prefix_offset : seq.read_offset])
-        after = self.tokenizer.decode(ids[seq.prefix_offset :])
-        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
-            return ""
-        seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
-        return after[len(before) :]
-
-    def _output(self, request: Request, finished: bool) -> RequestOutput:
-        completions = []
-        for seq in request.seqs:
-            new_ids = seq.output_ids[seq.num_emitted_tokens :]
-            visible = len(seq.text)
-            if not seq.is_finished:
-                # Hold back a tail that may still grow into a stop string: it must never be streamed.
-                visible -= stop_prefix_overlap(seq.text, seq.params.stop)
-            new_text = seq.text[seq.emitted_text_len : visible]
-            seq.num_emitted_tokens = seq.num_output_tokens
-            seq.emitted_text_len = max(seq.emitted_text_len, visible)
-            completions.append(CompletionOutput(seq.index, list(seq.output_ids), seq.text[:visible], new_ids,
-                                                new_text, seq.finish_reason))
-        return RequestOutput(request.request_id, request.tier, request.prompt_ids, completions, finished,
-                             self._timing(request) if finished else None,
-                             request.seqs[0].num_cached_prefix if request.seqs else 0)
-
-    def _timing(self, request: Request) -> Timing:
-        end = request.finished_time or time.monotonic()
-        scheduled = request.first_scheduled_time or end
-        first = request.first_token_time or end
-        return Timing(
-            queue_ms=(scheduled - request.arrival_time) * 1e3,
-            prefill_ms=(first - scheduled) * 1e3,
-            decode_ms=(end - first) * 1e3,
-            tier=request.tier,
-            arrival_time=request.arrival_time,
-            first_scheduled_time=request.first_scheduled_time,
-            first_token_time=request.first_token_time,
-            finished_time=end,
-            token_times=list(request.token_times),
-        )
+                outputs[request.request_id] = build_output(request, finished=False)
 
     def _finish_request(self, request: Request, outputs: dict[str, RequestOutput], now: float) -> None:
         request.finished_time = now
         self.scheduler.remove(request)
         del self.requests[request.request_id]
-        outputs[request.request_id] = self._output(request, finished=True)
+        outputs[request.request_id] = build_output(request, finished=True)
 
     # ---- convenience ----------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
@@ -424,9 +293,9 @@ class Engine:
                 running_by_tier=running_by_tier,
                 kv_usage_by_tier={t: len(b) / kv.num_blocks for t, b in blocks_by_tier.items()},
                 steps=sched.step_count,
-                schedule_time_s=self._schedule_time,
-                process_time_s=self._process_time,
-                step_time_s=self._step_time,
+                schedule_time_s=self.step_times.schedule_s,
+                process_time_s=self.step_times.process_s,
+                step_time_s=self.step_times.step_s,
             )
 
     def check_integrity(self) -> None:

@@ -1,4 +1,4 @@
-"""Turns a scheduled batch into tensors, runs the model over the paged KV cache, and samples."""
+"""Turns a scheduled batch into tensors, runs the model over the paged KV cache, and moves KV blocks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from engine.attention import AttentionMetadata
 from engine.block_manager import BlockOps
 from engine.model import CausalLM, ModelConfig, allocate_kv_cache
 from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
 
 
 class ModelRunner:
@@ -91,34 +90,3 @@ class ModelRunner:
         last = torch.tensor([ends[i + 1] - 1 for i in sample_rows], dtype=torch.long, device=self.device)
         return self.model.compute_logits(hidden[last])
 
-
-def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -> list[int]:
-    """One token per row. Greedy rows are argmax; others use temperature, top-k, top-p and their own seed."""
-    logits = logits.clone()
-    for row, seq in enumerate(seqs):
-        p = seq.params
-        if seq.num_output_tokens < p.min_tokens:
-            # Too early to stop: end-of-sequence and stop tokens are not allowed yet.
-            banned = list(p.stop_token_ids) + ([] if p.ignore_eos else eos_token_ids)
-            if banned:
-                logits[row, banned] = float("-inf")
-    greedy = logits.argmax(dim=-1).tolist()
-    out: list[int] = []
-    for row, seq in enumerate(seqs):
-        p = seq.params
-        if p.greedy:
-            out.append(greedy[row])
-            continue
-        scores = logits[row] / p.temperature
-        if p.top_k > 0:
-            kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-            drop = sorted_probs.cumsum(-1) - sorted_probs >= p.top_p
-            sorted_probs[drop] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        out.append(int(torch.multinomial(probs, 1, generator=seq.generator).item()))
-    return out

@@ -1,4 +1,4 @@
-"""Sampling parameters and the sampler (greedy, temperature, top-k, top-p, per-request seeds)."""
+"""A request's sampling parameters, validated; engine/sampler.py draws tokens by them."""
 
 from __future__ import annotations
 

@@ -236,7 +236,7 @@ def test_streamed_text_never_shows_a_stop_string():
 
 
 def test_stop_prefix_overlap():
-    from engine.engine import stop_prefix_overlap
+    from engine.output_processor import stop_prefix_overlap
 
     assert stop_prefix_overlap("hello wor", ["world"]) == 3
     assert stop_prefix_overlap("hello", ["world", "lo!"]) == 2
