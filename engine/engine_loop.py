@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from engine.api_errors import APIError
 from engine.metrics import ServerMetrics
-from engine.protocol import APIError
 
 logger = logging.getLogger("engine.server")
 
@@ -90,7 +90,7 @@ class EngineLoop:
         with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
             self.loop.call_soon_threadsafe(fn, *args)
 
-    def _update_stats(self) -> None:
+    def update_stats(self) -> None:
         try:
             self.metrics.update_stats(self.engine.stats())
         except Exception:
@@ -118,11 +118,11 @@ class EngineLoop:
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL_S:
                     last_stats = now
-                    self._update_stats()
+                    self.update_stats()
             else:
                 if not idle_stats_done:
                     idle_stats_done = True
-                    self._update_stats()
+                    self.update_stats()
                 engine.wait_for_work(IDLE_WAIT_S)
         self._run_calls()
 

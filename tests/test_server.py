@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.server import BackgroundServer
+from engine.testing import BackgroundServer
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,12 +8,13 @@ import types
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import protocol
+from engine.api_errors import APIError
+from engine.api_requests import parse_chat_request, parse_completion_request
+from engine.api_responses import full_response, timing_dict, usage
 from engine.chat import PLAIN_CHAT_TEMPLATE, ChatTemplateError, render_chat
 from engine.config import EngineConfig
 from engine.metrics import ServerMetrics, buckets_1_2_5
-from engine.protocol import APIError, parse_chat_request, parse_completion_request
-from engine.server import add_server_arguments, config_from_args
+from engine.server_args import add_server_arguments, config_from_args
 
 MODELS = ("tiny",)
 
@@ -233,8 +234,8 @@ def test_cli_maps_onto_engine_config():
 
 def test_response_shapes():
     t = types.SimpleNamespace(queue_ms=1.23456, prefill_ms=2.0, decode_ms=3.0, tier="basic")
-    body = protocol.full_response(
-        "chat", "id", 1, "tiny", "basic", [(0, "hi", "stop")], protocol.usage(3, 1), protocol.timing_dict(t, "basic")
+    body = full_response(
+        "chat", "id", 1, "tiny", "basic", [(0, "hi", "stop")], usage(3, 1), timing_dict(t, "basic")
     )
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}

@@ -1,0 +1,70 @@
+"""The errors the HTTP server returns, as OpenAI's error JSON, and how engine errors map onto them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import EngineError, InvalidRequestError, PromptTooLongError, QueueFullError
+
+RETRY_AFTER_S = 1  # what a 429 for a full queue tells the client to wait
+
+
+class APIError(Exception):
+    """An error the server returns as OpenAI's error JSON."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type or _default_type(status)
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def _default_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def invalid(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def map_engine_error(e: EngineError) -> APIError:
+    if isinstance(e, PromptTooLongError):
+        return APIError(400, str(e), param=e.param or "prompt", code="context_length_exceeded")
+    if isinstance(e, InvalidRequestError):
+        return APIError(400, str(e), param=e.param or "prompt", code="invalid_value")
+    if isinstance(e, QueueFullError):
+        return APIError(
+            429,
+            str(e),
+            param="service_tier",
+            code="queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    return APIError(400, str(e), code="invalid_request")

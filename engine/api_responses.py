@@ -1,0 +1,125 @@
+"""OpenAI response shapes and their encoding: chunks, full responses, usage, JSON, server-sent events.
+
+Beyond OpenAI's fields, responses carry slobench's `timing` (where the request's time went) and `service_tier`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+_JSON_SEPARATORS = (",", ":")
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=_JSON_SEPARATORS, ensure_ascii=False)
+
+
+def sse_event(obj: Any) -> bytes:
+    return b"data: " + dumps(obj).encode() + b"\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def timing_dict(timing: Any, tier: str) -> dict[str, Any] | None:
+    if timing is None:
+        return None
+    return {
+        "queue_ms": round(timing.queue_ms, 3),
+        "prefill_ms": round(timing.prefill_ms, 3),
+        "decode_ms": round(timing.decode_ms, 3),
+        "tier": getattr(timing, "tier", None) or tier,
+    }
+
+
+def completion_chunk(rid: str, created: int, model: str, index: int, text: str, finish: str | None) -> dict:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def chat_chunk(rid: str, created: int, model: str, index: int, delta: dict, finish: str | None) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def usage_chunk(kind: str, rid: str, created: int, model: str, usage_: dict, timing: dict | None) -> dict:
+    chunk = {
+        "id": rid,
+        "object": "text_completion" if kind == "completion" else "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_,
+    }
+    if timing is not None:
+        chunk["timing"] = timing
+    return chunk
+
+
+def full_response(
+    kind: str,
+    rid: str,
+    created: int,
+    model: str,
+    tier: str,
+    choices: list[tuple[int, str, str | None]],
+    usage_: dict,
+    timing: dict | None,
+) -> dict:
+    """choices: (index, text, finish_reason) for each of the n completions."""
+    if kind == "completion":
+        body_choices = [
+            {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+            for i, text, finish in choices
+        ]
+        obj = "text_completion"
+    else:
+        body_choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            for i, text, finish in choices
+        ]
+        obj = "chat.completion"
+    response = {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "service_tier": tier,
+        "choices": body_choices,
+        "usage": usage_,
+    }
+    if timing is not None:
+        response["timing"] = timing
+    return response
+
+
+def now_s() -> int:
+    return int(time.time())

@@ -1,0 +1,358 @@
+"""The OpenAI-compatible HTTP app over the engine: routes, middlewares and handlers.
+
+Completions and chat, streamed or whole, with tiers; /v1/models, /health and /metrics. The engine runs on
+its own thread (engine_loop.py); the aiohttp event loop owns everything HTTP. A handler that ends early
+(client disconnect cancels it, or a write fails) aborts its request at once. Starting and stopping a
+server is launch.py's job; testing.py runs one on a thread of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from engine.api_errors import APIError, invalid, map_engine_error
+from engine.api_requests import GenerationRequest, parse_chat_request, parse_completion_request
+from engine.api_responses import (
+    SSE_DONE,
+    SSE_HEADERS,
+    chat_chunk,
+    completion_chunk,
+    dumps,
+    full_response,
+    now_s,
+    sse_event,
+    timing_dict,
+    usage,
+    usage_chunk,
+)
+from engine.chat import ChatTemplateError, render_chat
+from engine.engine_loop import EngineLoop, RequestStream
+from engine.errors import EngineError
+from engine.metrics import CONTENT_TYPE, ServerMetrics
+
+# The server's modules (app, launch, engine loop) log under one name, the one its log lines have always carried.
+logger = logging.getLogger("engine.server")
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+ENGINE_KEY = web.AppKey("engine", object)
+ENGINE_LOOP_KEY = web.AppKey("engine_loop", EngineLoop)
+METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+STATE_KEY = web.AppKey("state", dict)
+
+
+def _error_response(err: APIError) -> web.Response:
+    return web.Response(
+        status=err.status, text=dumps(err.body()), content_type="application/json", headers=err.headers
+    )
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except APIError as e:
+        return _error_response(e)
+    except EngineError as e:
+        return _error_response(map_engine_error(e))
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        message = {
+            404: f"no route for {request.path}",
+            405: f"method {request.method} is not allowed on {request.path}",
+            413: f"the request body is larger than {MAX_BODY_BYTES} bytes",
+        }.get(e.status, e.reason)
+        return _error_response(APIError(e.status, message, code=e.reason.lower().replace(" ", "_")))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return _error_response(APIError(500, "internal server error", code="internal_error"))
+
+
+def _auth_middleware(api_key: str):
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        if request.path.startswith("/v1"):
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                return _error_response(
+                    APIError(
+                        401,
+                        "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                        code="invalid_api_key",
+                    )
+                )
+        return await handler(request)
+
+    return auth
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from e
+
+
+def _served_models(engine: Any) -> tuple[str, ...]:
+    names = [engine.model_name]
+    configured = getattr(engine.config, "model", None)
+    if configured and configured not in names:
+        names.append(configured)
+    return tuple(names)
+
+
+def _vocab_size(engine: Any) -> int | None:
+    return getattr(engine.tokenizer, "vocab_size", None)
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    req = parse_completion_request(await _json_body(request), _served_models(engine), _vocab_size(engine))
+    return await _generate(request, req, req.prompt, "cmpl-")
+
+
+def _special_token_text(tok: Any, token_id: int | None) -> str:
+    if token_id is None:
+        return ""
+    try:
+        return tok.decode([token_id], skip_special_tokens=False)
+    except Exception:
+        return ""
+
+
+def _chat_prompt(engine: Any, req: GenerationRequest) -> list[int]:
+    """Render the messages with the checkpoint's template (or the plain one) and tokenize them.
+
+    The template writes special tokens itself, so the text is encoded without them; BOS is added only
+    when the tokenizer adds one to plain text and the template did not write it.
+    """
+    tok = engine.tokenizer
+    bos = getattr(tok, "bos_token_id", None)
+    eos_ids = getattr(tok, "eos_token_ids", None) or []
+    try:
+        text = render_chat(
+            req.messages,
+            getattr(tok, "chat_template", None),
+            add_generation_prompt=req.add_generation_prompt,
+            bos_token=_special_token_text(tok, bos),
+            eos_token=_special_token_text(tok, eos_ids[0] if eos_ids else None),
+            **req.chat_template_kwargs,
+        )
+    except ChatTemplateError as e:
+        raise invalid("messages", f"'messages' could not be rendered: {e}") from e
+    except TypeError as e:  # chat_template_kwargs clashing with the template's own arguments
+        raise invalid("chat_template_kwargs", f"'chat_template_kwargs' is invalid: {e}") from e
+    try:
+        ids = tok.encode(text, add_special_tokens=False)
+        adds_bos = bos is not None and tok.encode("a")[:1] == [bos]
+    except TypeError:  # a tokenizer without add_special_tokens
+        ids, adds_bos = tok.encode(text), False
+    if adds_bos and ids[:1] != [bos]:
+        ids = [bos, *ids]
+    if not ids:
+        raise invalid("messages", "'messages' render to an empty prompt")
+    return ids
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    req = parse_chat_request(await _json_body(request), _served_models(engine), _vocab_size(engine))
+    return await _generate(request, req, _chat_prompt(engine, req), "chatcmpl-")
+
+
+async def _generate(
+    request: web.Request, req: GenerationRequest, prompt: str | list[int], id_prefix: str
+) -> web.StreamResponse:
+    app = request.app
+    engine = app[ENGINE_KEY]
+    eloop = app[ENGINE_LOOP_KEY]
+    max_tokens = req.max_tokens
+    if max_tokens is None:  # chat without a limit: the rest of the context
+        max_tokens = engine.max_model_len - len(prompt)
+        if max_tokens < 1:
+            raise APIError(
+                400,
+                f"the prompt is {len(prompt)} tokens long, which leaves no room to generate within "
+                f"the model's context of {engine.max_model_len} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+    params = req.sampling_params(max_tokens)
+    rid = id_prefix + uuid.uuid4().hex
+    stream = eloop.submit(prompt, params, req.tier, rid)
+    try:
+        if req.stream:
+            return await _stream_response(request, req, stream)
+        return await _full_response(req, stream)
+    finally:
+        eloop.release(rid)
+
+
+async def _full_response(req: GenerationRequest, stream: RequestStream) -> web.Response:
+    last = None
+    while last is None or not last.finished:
+        last = (await stream.next_batch())[-1]
+    completion_tokens = sum(len(c.token_ids) for c in last.outputs)
+    body = full_response(
+        req.kind,
+        stream.request_id,
+        now_s(),
+        req.model,
+        stream.tier,
+        [(c.index, c.text, c.finish_reason) for c in sorted(last.outputs, key=lambda c: c.index)],
+        usage(len(last.prompt_token_ids), completion_tokens),
+        timing_dict(last.timing, stream.tier),
+    )
+    return web.Response(text=dumps(body), content_type="application/json")
+
+
+async def _stream_response(
+    request: web.Request, req: GenerationRequest, stream: RequestStream
+) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    await resp.prepare(request)
+    rid, model, created, chat = stream.request_id, req.model, now_s(), req.kind == "chat"
+    n = req.sampling["n"]
+    finished_choices: set[int] = set()
+    try:
+        if chat:  # OpenAI opens each choice with the assistant role
+            await resp.write(
+                b"".join(
+                    sse_event(chat_chunk(rid, created, model, i, {"role": "assistant", "content": ""}, None))
+                    for i in range(n)
+                )
+            )
+        last = None
+        while last is None or not last.finished:
+            try:
+                batch = await stream.next_batch()
+            except APIError as e:  # engine failure or shutdown: tell the client inside the stream
+                await resp.write(sse_event(e.body()) + SSE_DONE)
+                return resp
+            parts = []
+            for out in batch:
+                for c in out.outputs:
+                    if c.index in finished_choices:
+                        continue
+                    finish = None if c.finish_reason == "abort" else c.finish_reason
+                    # new_text never holds a tail that could still become a stop string: the engine keeps
+                    # it back until it is sure, since streamed characters cannot be taken back.
+                    delta_text = c.new_text
+                    if not delta_text and finish is None:
+                        continue
+                    if finish is not None:
+                        finished_choices.add(c.index)
+                    if chat:
+                        delta = {"content": delta_text} if delta_text else {}
+                        parts.append(sse_event(chat_chunk(rid, created, model, c.index, delta, finish)))
+                    else:
+                        parts.append(sse_event(completion_chunk(rid, created, model, c.index, delta_text, finish)))
+            last = batch[-1]
+            if last.finished:
+                if req.include_usage:
+                    completion_tokens = sum(len(c.token_ids) for c in last.outputs)
+                    parts.append(
+                        sse_event(
+                            usage_chunk(
+                                req.kind,
+                                rid,
+                                created,
+                                model,
+                                usage(len(last.prompt_token_ids), completion_tokens),
+                                timing_dict(last.timing, stream.tier),
+                            )
+                        )
+                    )
+                parts.append(SSE_DONE)
+            if parts:
+                await resp.write(b"".join(parts))
+    except (ConnectionResetError, ConnectionError):
+        # The client went away; _generate's finally aborts the request and frees its KV.
+        return resp
+    return resp
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    created = request.app[STATE_KEY]["started"]
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "slobench",
+            "root": engine.config.model,
+            "max_model_len": engine.max_model_len,
+        }
+        for name in _served_models(engine)
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    eloop = request.app[ENGINE_LOOP_KEY]
+    if not eloop.alive:
+        return _error_response(APIError(503, "the engine loop is not running", code="engine_dead"))
+    if eloop.closing:
+        return _error_response(APIError(503, "the server is shutting down", code="shutting_down"))
+    return web.json_response({"status": "ok", "model": request.app[ENGINE_KEY].model_name})
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    eloop = request.app[ENGINE_LOOP_KEY]
+    with contextlib.suppress(Exception):  # stale gauges beat a failed scrape
+        await eloop.call_async(eloop.update_stats, timeout=2.0)
+    body = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def build_app(engine: Any, api_key: str | None = None) -> web.Application:
+    """The aiohttp application over `engine`; the engine thread starts and stops with the app.
+
+    Run it with `web.AppRunner(app, handler_cancellation=True)` (so a client disconnect cancels its
+    handler) or aiohttp's test utilities (which set that themselves).
+    """
+    middlewares = [_errors_middleware]
+    if api_key:
+        middlewares.append(_auth_middleware(api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
+    app[ENGINE_KEY] = engine
+    app[METRICS_KEY] = ServerMetrics(engine.model_name, engine.config.max_num_seqs, engine.max_model_len)
+    app[STATE_KEY] = {"started": int(time.time())}
+
+    async def start_engine(app: web.Application) -> None:
+        eloop = EngineLoop(engine, app[METRICS_KEY], asyncio.get_running_loop())
+        app[ENGINE_LOOP_KEY] = eloop
+        eloop.start()
+
+    async def stop_engine(app: web.Application) -> None:
+        eloop = app[ENGINE_LOOP_KEY]
+        eloop.closing = True
+        eloop.abort_all()
+        await asyncio.get_running_loop().run_in_executor(None, eloop.stop)
+
+    app.on_startup.append(start_engine)
+    app.on_shutdown.append(stop_engine)
+    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/metrics", handle_metrics)
+    return app
