@@ -54,7 +54,11 @@ class OutputProcessor:
         return reason
 
     def token_stop_reason(self, seq: Sequence, token: int) -> str | None:
-        """"stop" for a stop or end-of-sequence token (once min_tokens are out), "length" at a limit."""
+        """The finish reason this token causes, if any.
+
+        "stop": a stop or end-of-sequence token, once min_tokens are out; "length": max_tokens or the context
+        is reached.
+        """
         p = seq.params
         n_out = seq.num_output_tokens
         if n_out >= p.min_tokens and (token in p.stop_token_ids
