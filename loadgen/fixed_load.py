@@ -27,7 +27,7 @@ from loadgen.results.rundir import read_metrics
 from loadgen.results.runmeta import now_iso
 from loadgen.results.summary import summarize
 from loadgen.target.scrape import Scraper
-from loadgen.workload.synthetic import RequestSpec
+from loadgen.workload.specs import RequestSpec
 
 
 @dataclass

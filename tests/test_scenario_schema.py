@@ -219,7 +219,7 @@ def test_engine_option_table_matches_the_engine():
 
 def test_spread_ties_and_trace_scaling():
     from loadgen.scenario.parse import scale_specs, spread_ties
-    from loadgen.workload.synthetic import BlockPrompt, RequestSpec
+    from loadgen.workload.specs import BlockPrompt, RequestSpec
 
     specs = [RequestSpec(f"r{i}", t, BlockPrompt((0, 1, i + 2), 1200, 512), 400, prompt_tokens=1200)
              for i, t in enumerate([0.0, 0.0, 0.0, 0.0, 3.0, 6.0, 6.0])]

@@ -11,7 +11,7 @@ import numpy as np
 from loadgen.capacity.search import SearchConfig
 from loadgen.results.slo import SLO
 from loadgen.scenario.parse import Scenario, ScenarioError, StepOptions, scale_specs, spread_ties
-from loadgen.workload.synthetic import RequestSpec
+from loadgen.workload.specs import RequestSpec
 from loadgen.workload.traces import TraceError, load_trace
 
 TRACE_MIN_ROWS = 50  # trace rows a rate step draws on at least (a short slice of a bursty trace degenerates)

@@ -39,7 +39,7 @@ from loadgen.results.rundir import read_metrics
 from loadgen.results.slo import SLO, breach_certain, breach_likely, judge, quantile
 from loadgen.results.summary import BREAKDOWN_HISTOGRAMS, summarize
 from loadgen.target.scrape import Scraper, scrape_once
-from loadgen.workload.synthetic import RequestSpec
+from loadgen.workload.specs import RequestSpec
 
 AGREE_REL = 0.10  # Little's law vs measured in-flight: relative agreement ...
 AGREE_ABS = 0.25  # ... or this many requests apart (tiny concurrencies)

@@ -26,7 +26,7 @@ import aiohttp
 from loadgen.drivers.sse import StreamError
 from loadgen.drivers.stream_recorder import StreamRecorder
 from loadgen.results.records import RecordWriter, RequestRecord
-from loadgen.workload.synthetic import RequestSpec
+from loadgen.workload.specs import RequestSpec
 
 
 @dataclass(slots=True)

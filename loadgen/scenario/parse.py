@@ -57,15 +57,8 @@ from loadgen.capacity.search import AXES, SearchConfig
 from loadgen.results.slo import SLO
 from loadgen.workload.arrivals import KINDS as ARRIVAL_KINDS
 from loadgen.workload.arrivals import Arrivals
-from loadgen.workload.synthetic import (
-    DEFAULT_TOKEN_RANGE,
-    BlockPrompt,
-    Conversations,
-    LengthDist,
-    RequestSpec,
-    SharedPrefix,
-    SyntheticWorkload,
-)
+from loadgen.workload.specs import DEFAULT_TOKEN_RANGE, BlockPrompt, RequestSpec
+from loadgen.workload.synthetic import Conversations, LengthDist, SharedPrefix, SyntheticWorkload
 from loadgen.workload.traces import FORMATS, TraceError, TraceOptions, load_length_stats, load_trace
 
 SLO_NAMES = ("ttft_ms", "tpot_ms", "e2el_ms")

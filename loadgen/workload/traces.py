@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.workload.arrivals import Arrivals
-from loadgen.workload.synthetic import DEFAULT_TOKEN_RANGE, BlockPrompt, RequestSpec
+from loadgen.workload.specs import DEFAULT_TOKEN_RANGE, BlockPrompt, RequestSpec
 
 FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
 _EPOCH = datetime(2020, 1, 1)

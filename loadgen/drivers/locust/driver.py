@@ -21,7 +21,7 @@ from pathlib import Path
 
 from loadgen.drivers.locust.plan import write_specs
 from loadgen.results.records import RequestRecord, read_records
-from loadgen.workload.synthetic import RequestSpec
+from loadgen.workload.specs import RequestSpec
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
 REPO = Path(__file__).resolve().parents[3]

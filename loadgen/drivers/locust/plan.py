@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from loadgen.workload.arrivals import Arrivals
-from loadgen.workload.synthetic import RequestSpec
+from loadgen.workload.specs import RequestSpec
 
 
 @dataclass(slots=True)

@@ -1,0 +1,75 @@
+"""Request specs: what one request sends, and when.
+
+A workload is a list of :class:`RequestSpec`, sorted by arrival time. Prompts are token ids (sent to
+``/v1/completions``), text (``/v1/completions``) or chat messages (``/v1/chat/completions``). Long
+trace prompts stay compact as :class:`BlockPrompt` and become token ids only when the request is sent.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+# Token ids are drawn from [lo, hi): inside every real vocabulary and the reference engine's byte-level
+# tiny model (258 ids) alike. Set ``token_range`` for anything else.
+DEFAULT_TOKEN_RANGE = (10, 250)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPrompt:
+    """A prompt made of deterministic blocks: block ``h`` is always the same ``block_size`` tokens.
+
+    Two prompts that start with the same hash ids therefore start with the same tokens, which is what
+    Mooncake's ``hash_ids`` mean. The last block is cut so the prompt has exactly ``num_tokens``.
+    """
+
+    hash_ids: tuple[int, ...]
+    num_tokens: int
+    block_size: int = 512
+    seed: int = 0
+    token_range: tuple[int, int] = DEFAULT_TOKEN_RANGE
+
+    def tokens(self) -> list[int]:
+        if not self.hash_ids:
+            return []
+        parts = [_block(self.seed, h, self.block_size, self.token_range) for h in self.hash_ids]
+        return np.concatenate(parts)[: self.num_tokens].tolist()
+
+
+@functools.lru_cache(maxsize=4096)
+def _block(seed: int, hash_id: int, block_size: int, token_range: tuple[int, int]) -> np.ndarray:
+    rng = np.random.default_rng([seed & 0xFFFFFFFF, hash_id & 0xFFFFFFFFFFFF, 0x5EED])
+    return rng.integers(token_range[0], token_range[1], size=block_size, dtype=np.int64)
+
+
+Prompt = Union[list[int], str, list[dict[str, str]], BlockPrompt]  # noqa: UP007 (runtime alias, py3.10)
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    id: str
+    arrival_s: float
+    prompt: Prompt
+    max_tokens: int
+    tier: str | None = None
+    ignore_eos: bool = True
+    prompt_tokens: int | None = None  # known input length (token-id prompts); None for text
+    conversation: str | None = None  # multi-turn: conversation id and turn index
+    turn: int = 0
+
+    @property
+    def kind(self) -> str:
+        if isinstance(self.prompt, str):
+            return "text"
+        if isinstance(self.prompt, BlockPrompt):
+            return "tokens"
+        if self.prompt and isinstance(self.prompt[0], dict):
+            return "chat"
+        return "tokens"
+
+    def prompt_value(self) -> Any:
+        """The prompt as it goes into the request body (token ids materialised)."""
+        return self.prompt.tokens() if isinstance(self.prompt, BlockPrompt) else self.prompt
