@@ -234,7 +234,8 @@ def cmd_mock_server(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from loadgen.scenario.parse import ScenarioError, load_scenario
+    from loadgen.scenario.model import ScenarioError
+    from loadgen.scenario.parse import load_scenario
 
     _goodput(args.goodput)  # bad SLOs fail before anything is loaded
     try:
@@ -362,7 +363,7 @@ def _execute(args, specs, *, name, target, model, engine_opts, goodput_cfg, tier
 
 def cmd_capacity(args) -> int:
     from loadgen.capacity.run import command
-    from loadgen.scenario.parse import ScenarioError
+    from loadgen.scenario.model import ScenarioError
 
     try:
         return command(args)

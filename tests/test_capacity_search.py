@@ -13,8 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.capacity.search import CapacitySearch, SearchConfig, StepResult
+from loadgen.capacity.search import CapacitySearch, StepResult
 from loadgen.results.slo import SLO, bootstrap_ci, breach_certain, breach_likely, judge, quantile
+from loadgen.scenario.options import SearchConfig
 
 
 class MMc:

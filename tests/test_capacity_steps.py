@@ -9,9 +9,10 @@ import math
 import pytest
 
 from loadgen.capacity.run import _deciding_steps
-from loadgen.capacity.search import CapacitySearch, SearchConfig, StepResult
+from loadgen.capacity.search import CapacitySearch, StepResult
 from loadgen.capacity.step import _breakdown, _scraped, metric_value
 from loadgen.results.records import RequestRecord
+from loadgen.scenario.options import SearchConfig
 
 
 def rec(status="ok", sched=10.0, first=10.2, tokens=(10.2, 10.3, 10.4), done=10.5, out=3, server=None):

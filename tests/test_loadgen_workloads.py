@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from loadgen.results.summary import parse_goodput, summarize
-from loadgen.scenario.parse import ScenarioError, parse_scenario
+from loadgen.scenario.model import ScenarioError
+from loadgen.scenario.parse import parse_scenario
 from loadgen.workload.arrivals import Arrivals
 from loadgen.workload.synthetic import Conversations, LengthDist, SharedPrefix, SyntheticWorkload
 

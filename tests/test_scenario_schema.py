@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from loadgen.capacity.plan import CapacityPlan, step_specs
-from loadgen.scenario.parse import ENGINE_OPTIONS, ScenarioError, apply_override, load_scenario, parse_scenario
+from loadgen.scenario.engine_options import ENGINE_OPTIONS
+from loadgen.scenario.model import ScenarioError
+from loadgen.scenario.parse import apply_override, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -218,7 +220,7 @@ def test_engine_option_table_matches_the_engine():
 
 
 def test_spread_ties_and_trace_scaling():
-    from loadgen.scenario.parse import scale_specs, spread_ties
+    from loadgen.workload.shaping import scale_specs, spread_ties
     from loadgen.workload.specs import BlockPrompt, RequestSpec
 
     specs = [RequestSpec(f"r{i}", t, BlockPrompt((0, 1, i + 2), 1200, 512), 400, prompt_tokens=1200)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loadgen.capacity.search import SearchConfig
 from loadgen.results.slo import SLO
-from loadgen.scenario.parse import Scenario, ScenarioError, StepOptions, scale_specs, spread_ties
+from loadgen.scenario.model import Scenario, ScenarioError
+from loadgen.scenario.options import SearchConfig, StepOptions
+from loadgen.workload.arrivals import Arrivals
 from loadgen.workload.specs import RequestSpec
-from loadgen.workload.traces import TraceError, load_trace
 
 TRACE_MIN_ROWS = 50  # trace rows a rate step draws on at least (a short slice of a bursty trace degenerates)
 
@@ -64,8 +64,6 @@ def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float
     if scn.workload_type == "synthetic":
         if axis == "rate":
             a = scn.arrivals if scn.arrivals and not scn.arrivals.closed else None
-            from loadgen.workload.arrivals import Arrivals
-
             arr = Arrivals(a.kind if a else "poisson", rate=load, burstiness=a.burstiness if a else 1.0)
             times = arr.times(duration_s=duration_s, seed=scn.seed)
         else:
@@ -84,12 +82,7 @@ def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float
         else:
             opts.rate = None
             opts.max_duration_s = None
-        try:
-            specs, info = load_trace(scn.trace_path, scn.trace_format, opts)
-        except TraceError as e:
-            raise ScenarioError(f"workload.path: {e}") from e
-        scale_specs(specs, scn.input_scale, scn.output_scale, scn.max_input_len, scn.max_output_len)
-        spread_ties(specs, scn.spread_ties_s * info.time_factor)
+        specs, _ = scn.trace_specs(opts)
         if axis == "rate":
             specs = [s for s in specs if s.arrival_s < duration_s]
     for s in specs:

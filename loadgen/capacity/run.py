@@ -28,7 +28,8 @@ from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step
 from loadgen.capacity.step import CapacityRunner
 from loadgen.drivers.replayer import run_sync
 from loadgen.results.runmeta import now_iso, run_metadata
-from loadgen.scenario.parse import Scenario, ScenarioError, StepOptions
+from loadgen.scenario.model import Scenario, ScenarioError
+from loadgen.scenario.options import StepOptions
 
 # ------------------------------------------------------------------ the run
 

@@ -26,39 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-AXES = ("rate", "concurrency")
+from loadgen.scenario.options import SearchConfig
+
 VERDICTS = ("rated", "never_met", "never_broke")
-
-
-@dataclass(slots=True)
-class SearchConfig:
-    axis: str = "rate"  # rate (requests/s, open loop) | concurrency (users, closed loop)
-    start: float = 1.0
-    growth: float = 2.0  # ramp factor, > 1
-    tolerance: float = 0.05  # relative width of the final bracket
-    max_steps: int = 12
-    min_load: float | None = None  # default: start / growth**2 (rate), 1 (concurrency)
-    max_load: float | None = None  # default: start * growth**(max_steps - 1)
-    interpolate: bool = True  # false position on the SLO margins; False: plain bisection
-
-    def __post_init__(self) -> None:
-        if self.axis not in AXES:
-            raise ValueError(f"axis must be one of {', '.join(AXES)}, got {self.axis!r}")
-        if not self.start > 0 or not self.growth > 1 or not self.tolerance > 0 or self.max_steps < 1:
-            raise ValueError("need start > 0, growth > 1, tolerance > 0 and max_steps >= 1")
-        if self.integer:
-            self.start = max(1, round(self.start))
-        if self.min_load is None:
-            self.min_load = 1 if self.integer else self.start / self.growth**2
-        if self.max_load is None:
-            self.max_load = self.start * self.growth ** (self.max_steps - 1)
-        if not 0 < self.min_load <= self.start <= self.max_load:
-            raise ValueError(f"need 0 < min_load <= start <= max_load, got {self.min_load}, {self.start}, "
-                             f"{self.max_load}")
-
-    @property
-    def integer(self) -> bool:
-        return self.axis == "concurrency"
 
 
 @dataclass(slots=True)

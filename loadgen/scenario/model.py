@@ -1,0 +1,125 @@
+"""What a scenario file becomes: the :class:`Scenario` dataclass, its SLOs and its request specs.
+
+A scenario file with every section (read and validated by :mod:`loadgen.scenario.parse`):
+
+```yaml
+name: smoke
+seed: 0
+target: null               # a URL; null starts the reference engine (``engine`` options)
+model: null                # model name to send; null asks GET /v1/models
+engine: {model: tiny}      # flags for ``python -m engine.server`` (max_num_seqs -> --max-num-seqs)
+workload:
+  type: synthetic          # synthetic | trace
+  input_len: {dist: uniform, min: 16, max: 64}    # or a number (fixed)
+  output_len: 16
+  shared_prefix: {num_prompts: 2, length: 64, ratio: 0.5}
+  conversations: {turns: 3, think_time_s: 1.0}
+  token_range: [10, 250]
+  # trace: path, format, time_scale, rate, start_offset_s, block_size, skip_failed, output_len
+tiers:                     # weight and SLOs (ms) per service tier
+  premium: {weight: 1, slo: {ttft_ms: 300}}
+  standard: {weight: 3, slo: {ttft_ms: 800}}
+load: {arrival: poisson, rate: 4, requests: 40, duration_s: 30}   # arrival: poisson|gamma|constant|closed
+goodput: {ttft_ms: 800}
+client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10}
+search:                    # for ``slobench capacity`` (see loadgen/capacity/)
+  axis: rate               # rate (req/s, open loop with load.arrival) | concurrency (users, closed loop)
+  start: 2                 # first load of the ramp
+  growth: 2.0              # ramp factor
+  tolerance: 0.05          # bisection stops when (first fail - last pass) / last pass <= this
+  step_duration_s: 15      # each step sends for this long; its first warmup_s are discarded
+  warmup_s: 3
+  max_steps: 12
+  min_load: null           # never_met below it (default start / growth^2; 1 user)
+  max_load: null           # never_broke above it (default start * growth^(max_steps - 1))
+  quantile: 0.99           # SLO quantile (a tier's slo.quantile overrides it)
+  confidence: 0.95         # bootstrap interval of the quantile
+  drain_s: null            # after sending: wait this long for answers (default 2x the largest SLO)
+  early_stop: true         # end a step once its breach is certain ...
+  early_pass: true         # ... or (ramp steps) once every SLO quantile is under pass_margin x its threshold
+  pass_margin: 0.5
+headroom: 0.2              # spec capacity = rated x (1 - headroom)
+```
+Trace workloads also take ``input_scale`` / ``output_scale`` (multiply lengths; a Mooncake hash block shrinks
+with them, so prefix sharing keeps its shape) and ``max_input_len`` / ``max_output_len`` (caps), to fit
+production traces to a small engine, and ``spread_ties_s`` (requests logged with the same timestamp, as in
+Mooncake's 3 s buckets, are spread evenly over that many trace seconds instead of arriving at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadgen.results.slo import SLO
+from loadgen.scenario.options import SearchConfig, StepOptions
+from loadgen.workload.arrivals import Arrivals
+from loadgen.workload.shaping import TraceShaping, load_shaped_trace
+from loadgen.workload.specs import RequestSpec
+from loadgen.workload.synthetic import SyntheticWorkload
+from loadgen.workload.traces import TraceError, TraceInfo, TraceOptions
+
+SLO_NAMES = ("ttft_ms", "tpot_ms", "e2el_ms")
+# service_tier values: the reference engine's, and OpenAI's that map onto them
+TIER_NAMES = ("premium", "standard", "basic", "priority", "default", "auto", "flex")
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message names the key path, what was expected and what was found."""
+
+
+@dataclass
+class Scenario:
+    name: str
+    seed: int = 0
+    target: str | None = None
+    model: str | None = None
+    engine: dict[str, Any] = field(default_factory=dict)
+    workload_type: str = "synthetic"
+    synthetic: SyntheticWorkload | None = None
+    trace_path: Path | None = None
+    trace_format: str | None = None
+    trace_options: TraceOptions | None = None
+    tiers: dict[str, float] = field(default_factory=dict)
+    tier_slos: dict[str, dict[str, float]] = field(default_factory=dict)
+    arrivals: Arrivals | None = None  # None for a trace's own timestamps
+    requests: int | None = None
+    duration_s: float | None = None
+    goodput: dict[str, float] = field(default_factory=dict)
+    max_connections: int = 0
+    read_timeout_s: float | None = 300.0
+    workers: int = 1
+    lateness_bound_ms: float = 10.0
+    source: str = ""
+    tier_quantiles: dict[str, float] = field(default_factory=dict)  # a tier's own SLO quantile
+    search: SearchConfig | None = None  # for ``slobench capacity``
+    step: StepOptions | None = None
+    headroom: float = 0.2
+    shaping: TraceShaping = field(default_factory=TraceShaping)  # trace workloads: length scaling, caps, ties
+
+    def slos(self) -> dict[str, list[SLO]]:
+        """Each tier's judged SLOs (an empty list for a tier with no promise, e.g. basic)."""
+        q = self.step.quantile if self.step else 0.99
+        return {t: [SLO(k, float(v), self.tier_quantiles.get(t, q)) for k, v in self.tier_slos.get(t, {}).items()]
+                for t in self.tiers}
+
+    def build(self) -> tuple[list[RequestSpec], dict[str, Any]]:
+        """The request specs of this scenario and a description of the workload for the summary."""
+        if self.workload_type == "trace":
+            specs, info = self.trace_specs()
+            sh = self.shaping
+            return specs, {"type": "trace", **info.as_dict(), "input_scale": sh.input_scale,
+                           "output_scale": sh.output_scale, "max_input_len": sh.max_input_len}
+        times = self.arrivals.times(n=self.requests, duration_s=self.duration_s, seed=self.seed)
+        specs = self.synthetic.generate(times, seed=self.seed)
+        return specs, {"type": "synthetic", "requests": len(specs),
+                       "duration_s": float(times[-1]) if len(times) else 0.0}
+
+    def trace_specs(self, opts: TraceOptions | None = None) -> tuple[list[RequestSpec], TraceInfo]:
+        """This trace workload's requests, shaped (scaled, capped, ties spread). ``opts`` replaces the
+        scenario's trace options, as a capacity step or a Locust stage does to set its own load and seed."""
+        try:
+            return load_shaped_trace(self.trace_path, self.trace_format, opts or self.trace_options, self.shaping)
+        except TraceError as e:
+            raise ScenarioError(f"workload.path: {e}") from e
