@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from loadgen.scenario.model import Scenario
+from loadgen.scenario.parse import load_scenario
 from loadgen.workload.arrivals import Arrivals
 from loadgen.workload.specs import RequestSpec
 
@@ -137,8 +139,6 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
     """A scenario file as a plan. Without ``steps``: its ``load`` section, one stage, the same specs as
     ``slobench run``. With ``steps`` (loads on the scenario's axis: req/s for open-loop arrivals, users for
     ``closed``): one stage of ``step_s`` seconds per load, each a fresh seeded schedule at that load."""
-    from loadgen.scenario.parse import load_scenario
-
     scn = load_scenario(path)
     if seed is not None:
         scn.seed = seed
@@ -174,11 +174,13 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
     return Plan(stages, meta={"scenario": str(path), "steps": steps, "step_s": step_s}, **base)
 
 
-def _trace_specs(scn, rate: float | None, seed: int, duration_s: float | None = None) -> list[RequestSpec]:
-    from loadgen.workload.traces import load_trace
-
-    opts = dataclasses.replace(scn.trace_options, rate=rate, seed=seed, max_duration_s=duration_s)
-    return load_trace(scn.trace_path, scn.trace_format, opts)[0]
+def _trace_specs(scn: Scenario, rate: float | None, seed: int, duration_s: float | None = None) -> list[RequestSpec]:
+    """A stage's trace requests, shaped like ``slobench run``'s and a capacity step's (scaled, capped, ties
+    spread). The stage's end cuts them after the ties are spread, so no spread request leaks into the next
+    stage."""
+    opts = dataclasses.replace(scn.trace_options, rate=rate, seed=seed, max_duration_s=None)
+    specs, _ = scn.trace_specs(opts)
+    return specs if duration_s is None else [sp for sp in specs if sp.arrival_s < duration_s]
 
 
 def _relabel(specs: list[RequestSpec], stage: int, offset: float) -> None:
