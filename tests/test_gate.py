@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from loadgen import gate as G
 from loadgen.cli import main
-from loadgen.gate import rules as G
 
 from .test_report_fixtures import make_capacity_run, make_fixed_run
 

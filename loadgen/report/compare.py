@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadgen.gate import rules as gate
+from loadgen.gate import MISSING, is_number, rated_step, resolve
 from loadgen.report import data as d
 
 # (metric as the gate names it, True when higher is better)
@@ -34,8 +34,7 @@ HEADLINE: tuple[tuple[str, bool | None], ...] = (
 
 
 def _delta(a: Any, b: Any, higher_better: bool | None) -> dict[str, Any]:
-    num = gate._isnum
-    if not (num(a) and num(b)):
+    if not (is_number(a) and is_number(b)):
         return {"delta": None, "pct": None, "cls": "" if a == b else ("worse" if higher_better is None and
                                                                      a is True and b is False else "")}
     delta = b - a
@@ -49,10 +48,10 @@ def _delta(a: Any, b: Any, higher_better: bool | None) -> dict[str, Any]:
 def headline_rows(a: d.RunData, b: d.RunData) -> list[dict[str, Any]]:
     rows = []
     for metric, hb in HEADLINE:
-        va, _ = gate.resolve(a.summary, metric)
-        vb, _ = gate.resolve(b.summary, metric)
-        va = None if va is gate._MISSING else va
-        vb = None if vb is gate._MISSING else vb
+        va, _ = resolve(a.summary, metric)
+        vb, _ = resolve(b.summary, metric)
+        va = None if va is MISSING else va
+        vb = None if vb is MISSING else vb
         if va is None and vb is None:
             continue
         if isinstance(va, (dict, list)) or isinstance(vb, (dict, list)):
@@ -79,7 +78,7 @@ def reference_step(run: d.RunData, steps: list[dict]) -> dict | None:
     """The step to compare two runs at: the rated one for a capacity run, else the busiest one."""
     if not steps:
         return None
-    rs = gate.rated_step({"steps": steps}) if run.is_capacity else None
+    rs = rated_step({"steps": steps}) if run.is_capacity else None
     if rs is not None:
         return rs
     return max(steps, key=lambda s: s.get("requests") or 0)

@@ -1,0 +1,135 @@
+"""Evaluating gate rules: one rule against a run and its baseline (``evaluate_rule``), and every rule of
+a gate (``gate``), giving a ``GateReport`` with its exit code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadgen.gate.lookup import ALIASES, completed, load_summary, resolve
+from loadgen.gate.rules import RELATIVE, Rule, default_rules, load_rules
+from loadgen.gate.values import MISSING, GateInputError, format_value, is_number
+
+EXIT_PASS, EXIT_REGRESSION, EXIT_UNUSABLE = 0, 1, 2
+
+
+@dataclass
+class Result:
+    rule: Rule
+    status: str  # pass | fail | skip
+    baseline: Any = None
+    current: Any = None
+    message: str = ""
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def change(self) -> str:
+        b, c = self.baseline, self.current
+        if is_number(b) and is_number(c):
+            if b:
+                return f"{100.0 * (c - b) / abs(b):+.1f}%"
+            return f"{c - b:+.4g}"
+        return ""
+
+
+@dataclass
+class GateReport:
+    run: str
+    baseline: str
+    results: list[Result]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.status != "fail" for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PASS if self.passed else EXIT_REGRESSION
+
+
+def evaluate_rule(rule: Rule, current: dict[str, Any], baseline: dict[str, Any]) -> Result:
+    """Pass, fail or skip for one rule; raises GateInputError when a required value is missing or not a
+    number."""
+    cur, cur_at = resolve(current, rule.metric)
+    needs_base = any(k in rule.checks for k in RELATIVE) or rule.checks.get("equals") == "baseline"
+    base, base_at = resolve(baseline, rule.metric)
+    res = Result(rule, "pass", None if base is MISSING else base, None if cur is MISSING else cur)
+    missing = [side for side, v in (("run", cur), ("baseline", base)) if v is MISSING and
+               (side == "run" or needs_base)]
+    if missing:
+        if not rule.required:
+            res.status, res.message = "skip", f"{rule.metric} not in the {' and '.join(missing)} summary"
+            return res
+        raise GateInputError(f"metric {rule.metric!r} ({ALIASES.get(rule.metric, rule.metric)}) missing from the "
+                             f"{' and the '.join(missing)} summary")
+    if rule.min_samples:
+        n = [completed(s) for s in (current, baseline)]
+        if any(x is not None and x < rule.min_samples for x in n):
+            res.status = "skip"
+            res.message = (f"too few samples for {rule.metric} (completed: run {n[0]}, baseline {n[1]}; "
+                           f"min_samples {rule.min_samples})")
+            return res
+    fails = []
+    for check, limit in rule.checks.items():
+        if check == "equals":
+            want = base if limit == "baseline" else limit
+            res.details.append(f"equals {format_value(want)}")
+            if cur != want:
+                fails.append(f"{rule.metric} = {format_value(cur)}, expected {format_value(want)}")
+            continue
+        if not is_number(cur) or (check in RELATIVE and not is_number(base)):
+            if cur is None or (check in RELATIVE and base is None):
+                if not rule.required:
+                    res.status, res.message = "skip", f"{rule.metric} is null"
+                    return res
+                side = "run" if cur is None else "baseline"
+                raise GateInputError(f"metric {rule.metric!r} is null in the {side} summary ({cur_at})")
+            raise GateInputError(f"metric {rule.metric!r} is not a number (run {cur!r} at {cur_at}, "
+                                 f"baseline {base!r} at {base_at})")
+        ok, desc = _numeric_check(check, limit, cur, base, rule.abs_tolerance)
+        res.details.append(desc)
+        if not ok:
+            fails.append(f"{rule.metric} = {format_value(cur)}, must be {desc}")
+    if fails:
+        res.status, res.message = "fail", "; ".join(fails)
+    else:
+        res.message = f"{rule.metric} = {format_value(cur)} ({', '.join(res.details)})"
+    return res
+
+
+def _numeric_check(check: str, limit: float, cur: float, base: Any, tol: float) -> tuple[bool, str]:
+    """(passed, the bound as the outputs print it) for one numeric check."""
+    if check == "min_ratio":
+        bound = base * limit - tol
+        return cur >= bound, (f"≥ {format_value(limit)} × baseline" + (f" − {format_value(tol)}" if tol else "")
+                              + f" = {bound:.4g}")
+    if check == "max_ratio":
+        bound = base * limit + tol
+        return cur <= bound, (f"≤ {format_value(limit)} × baseline" + (f" + {format_value(tol)}" if tol else "")
+                              + f" = {bound:.4g}")
+    if check == "max_increase":
+        bound = base + limit + tol
+        return cur <= bound, f"≤ baseline + {format_value(limit + tol)} = {bound:.4g}"
+    if check == "max_decrease":
+        bound = base - limit - tol
+        return cur >= bound, f"≥ baseline − {format_value(limit + tol)} = {bound:.4g}"
+    if check == "min":
+        return cur >= limit, f"≥ {format_value(limit)}"
+    return cur <= limit, f"≤ {format_value(limit)}"
+
+
+def gate(run: str | Path, baseline: str | Path, rules: str | Path | None = None) -> GateReport:
+    """Evaluate every rule; raises GateInputError on unusable input."""
+    cur = load_summary(run)
+    base = load_summary(baseline)
+    if rules is not None:
+        rule_list, with_defaults = load_rules(rules)
+        if with_defaults:
+            named = {r.metric for r in rule_list}
+            rule_list = [r for r in default_rules(cur, base) if r.metric not in named] + rule_list
+    else:
+        rule_list = default_rules(cur, base)
+    results = [evaluate_rule(r, cur, base) for r in rule_list]
+    return GateReport(str(cur.get("run_id") or Path(run).name), str(base.get("run_id") or Path(baseline).name),
+                      results)
