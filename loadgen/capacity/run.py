@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.capacity.plan import CapacityPlan, step_specs
+from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step
 from loadgen.capacity.step import CapacityRunner
 from loadgen.drivers.replayer import run_sync
 from loadgen.results.runmeta import now_iso, run_metadata
-from loadgen.scenario.model import Scenario, ScenarioError
-from loadgen.scenario.options import StepOptions
+from loadgen.scenario.model import Scenario
 
 # ------------------------------------------------------------------ the run
 
@@ -245,81 +244,3 @@ def measure_fixed(scn: Scenario, loads: Iterable[float], run_dir: str | Path, *,
         return out
 
     return run_sync(main)
-
-
-# ------------------------------------------------------------------ the command
-
-
-def command(args) -> int:
-    """``slobench capacity``: exit 0 with a verdict (any of the three), 1 when the target failed,
-    130 on Ctrl-C (everything measured is saved either way). Bad input raises ScenarioError."""
-    import sys
-
-    from loadgen.drivers.replayer import TargetError
-    from loadgen.results.rundir import new_run_id
-    from loadgen.scenario.parse import load_scenario
-    from loadgen.target.embedded import EngineStartError
-
-    scn = load_scenario(args.scenario, overrides=list(args.set or []))
-    if args.seed is not None:
-        scn.seed = args.seed
-    target = args.target or scn.target
-    if target and not target.startswith(("http://", "https://")):
-        raise ScenarioError(f"--target must be an http(s) URL, got {target!r}")
-    CapacityPlan.from_scenario(scn)  # bad input fails before an engine starts
-    try:  # the workload itself must build (a bad trace path, an empty trace)
-        step_specs(scn, scn.search.axis if scn.search else "rate", (scn.search.start if scn.search else 1.0),
-                   0, 0.0, (scn.step or StepOptions()).step_duration_s)
-    except ValueError as e:
-        raise ScenarioError(str(e)) from None
-    run_dir = Path(args.out) if args.out else Path(args.reports) / (args.run_id or new_run_id(scn.name))
-    engine_opts = {**scn.engine, **dict(args.engine_opt or [])}
-    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
-    try:
-        res = run_capacity(scn, run_dir, target=target, engine_opts=engine_opts, model=args.model or scn.model,
-                           progress=not args.no_progress, scenario_path=str(args.scenario), log=say,
-                           driver=args.driver, workers=args.workers or 1)
-    except EngineStartError as e:
-        say(f"error: could not start the reference engine: {e}")
-        return 1
-    except TargetError as e:
-        say(f"error: {e}")
-        return 1
-    s = res.summary
-    if args.json:
-        print(json.dumps(s, indent=2, default=_json_default))
-    else:
-        print_verdict(s)
-        print(f"results: {res.run_dir}/ (summary.json, requests.jsonl, metrics.jsonl)")
-    if not getattr(args, "no_report", False) and s["steps"]:
-        from loadgen.report import auto_report  # never raises: a report must not fail a measured run
-
-        auto_report(res.run_dir)
-    if res.stopped:
-        say(f"capacity run ended early: {res.stopped}\n{len(s['steps'])} finished steps saved in {res.run_dir}")
-        return 130 if res.stopped.startswith("interrupted") else 1
-    return 0
-
-
-def print_verdict(s: dict[str, Any]) -> None:
-    from rich.console import Console
-
-    con = Console()
-    r = s.get("rated_capacity")
-    unit = "req/s"
-    if r and s["verdict"] in ("rated", "never_broke"):
-        at_least = "at least " if s["verdict"] == "never_broke" else ""
-        con.print(f"[bold]rated capacity: {at_least}{r['rate_rps']:.3g} req/s[/]"
-                  + (f" at {r['load']:.0f} users" if s["axis"] == "concurrency" else "")
-                  + f"  (spec capacity {r['spec_rate_rps']:.3g} {unit} with {100 * s['headroom']:g}% headroom)")
-        if r.get("concurrency") is not None:
-            con.print(f"concurrency there: {_f(r['concurrency_measured'])} in flight measured, "
-                      f"{_f(r['concurrency_littles_law'])} by Little's law"
-                      + ("" if r.get("concurrency_agree") is None else
-                         (" (they agree)" if r["concurrency_agree"] else " (they DISAGREE)"))
-                      + (f"; output {r['output_tok_s']:.0f} tok/s" if r.get("output_tok_s") else ""))
-    else:
-        con.print("[bold red]no rated capacity[/]")
-    con.print(s["verdict_text"])
-    if not s.get("valid"):
-        con.print(f"[bold red]INVALID RUN:[/] {s.get('invalid_reason', '')}")

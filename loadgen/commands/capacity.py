@@ -1,0 +1,95 @@
+"""``slobench capacity``: check the scenario, run the capacity search, print the verdict.
+
+Exit 0 with a verdict (any of the three: rated, never_broke, never_met), 1 when the target failed,
+130 on Ctrl-C; everything measured is saved either way. Bad input is a UsageError (exit 2) before an
+engine starts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError, run_dir_from
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from loadgen.capacity.plan import CapacityPlan, step_specs
+    from loadgen.capacity.run import run_capacity
+    from loadgen.results.rundir import json_default
+    from loadgen.scenario.model import ScenarioError
+    from loadgen.scenario.options import StepOptions
+    from loadgen.scenario.parse import load_scenario
+    from loadgen.target.discovery import TargetError
+    from loadgen.target.embedded import EngineStartError
+
+    try:
+        scn = load_scenario(args.scenario, overrides=list(args.set or []))
+        if args.seed is not None:
+            scn.seed = args.seed
+        target = args.target or scn.target
+        if target and not target.startswith(("http://", "https://")):
+            raise UsageError(f"--target must be an http(s) URL, got {target!r}")
+        CapacityPlan.from_scenario(scn)  # bad input fails before an engine starts
+        # the workload itself must build (a bad trace path, an empty trace)
+        step_specs(scn, scn.search.axis if scn.search else "rate", (scn.search.start if scn.search else 1.0),
+                   0, 0.0, (scn.step or StepOptions()).step_duration_s)
+    except (ScenarioError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    run_dir = run_dir_from(args, scn.name)
+    engine_opts = {**scn.engine, **dict(args.engine_opt or [])}
+    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    try:
+        res = run_capacity(scn, run_dir, target=target, engine_opts=engine_opts, model=args.model or scn.model,
+                           progress=not args.no_progress, scenario_path=str(args.scenario), log=say,
+                           driver=args.driver, workers=args.workers or 1)
+    except EngineStartError as e:
+        say(f"error: could not start the reference engine: {e}")
+        return EXIT_FAIL
+    except TargetError as e:
+        say(f"error: {e}")
+        return EXIT_FAIL
+    s = res.summary
+    if args.json:
+        print(json.dumps(s, indent=2, default=json_default))
+    else:
+        print_verdict(s)
+        print(f"results: {res.run_dir}/ (summary.json, requests.jsonl, metrics.jsonl)")
+    if not args.no_report and s["steps"]:
+        from loadgen.report import auto_report  # never raises: a report must not fail a measured run
+
+        auto_report(res.run_dir)
+    if res.stopped:
+        say(f"capacity run ended early: {res.stopped}\n{len(s['steps'])} finished steps saved in {res.run_dir}")
+        return EXIT_INTERRUPTED if res.stopped.startswith("interrupted") else EXIT_FAIL
+    return EXIT_OK
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def print_verdict(s: dict[str, Any]) -> None:
+    """The rated capacity (or its absence), the concurrency there and the verdict text."""
+    from rich.console import Console
+
+    con = Console()
+    r = s.get("rated_capacity")
+    unit = "req/s"
+    if r and s["verdict"] in ("rated", "never_broke"):
+        at_least = "at least " if s["verdict"] == "never_broke" else ""
+        con.print(f"[bold]rated capacity: {at_least}{r['rate_rps']:.3g} req/s[/]"
+                  + (f" at {r['load']:.0f} users" if s["axis"] == "concurrency" else "")
+                  + f"  (spec capacity {r['spec_rate_rps']:.3g} {unit} with {100 * s['headroom']:g}% headroom)")
+        if r.get("concurrency") is not None:
+            con.print(f"concurrency there: {_num(r['concurrency_measured'])} in flight measured, "
+                      f"{_num(r['concurrency_littles_law'])} by Little's law"
+                      + ("" if r.get("concurrency_agree") is None else
+                         (" (they agree)" if r["concurrency_agree"] else " (they DISAGREE)"))
+                      + (f"; output {r['output_tok_s']:.0f} tok/s" if r.get("output_tok_s") else ""))
+    else:
+        con.print("[bold red]no rated capacity[/]")
+    con.print(s["verdict_text"])
+    if not s.get("valid"):
+        con.print(f"[bold red]INVALID RUN:[/] {s.get('invalid_reason', '')}")

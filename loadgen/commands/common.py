@@ -1,0 +1,42 @@
+"""What every command shares: the usage error, the exit codes, and the output flags' run folder."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from pathlib import Path
+
+from loadgen.results.rundir import run_folder
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEFAULT_REPORTS = "reports"
+
+
+class UsageError(Exception):
+    """Bad input on the command line or in a file it names: one-line message, exit 2."""
+
+
+def run_dir_from(args: argparse.Namespace, name: str) -> Path:
+    """The run folder of ``--out DIR`` or ``--reports DIR --run-id ID``.
+
+    ``--out`` names the folder itself, so it cannot be combined with either of the others: a run-id that
+    silently lost to ``--out`` would put the run where nobody looks for it."""
+    if args.out is not None and (args.run_id is not None or args.reports is not None):
+        given = " and ".join(f for f, v in (("--run-id", args.run_id), ("--reports", args.reports)) if v is not None)
+        raise UsageError(f"--out names the run folder itself; do not combine it with {given}")
+    return run_folder(args.out, args.reports or DEFAULT_REPORTS, args.run_id, name)
+
+
+def goodput_slos(items: Iterable[str] | None) -> dict[str, float]:
+    """``--goodput ttft:300 tpot:50`` as ``{"ttft": 300.0, ...}``; a bad item is a UsageError."""
+    from loadgen.results.summary import parse_goodput  # lazy: pandas
+
+    try:
+        return parse_goodput(items or [])
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def pick(cli_value, default):
+    """The command-line value when one was given (0 included), else the scenario's."""
+    return default if cli_value is None else cli_value

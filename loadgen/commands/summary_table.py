@@ -1,0 +1,52 @@
+"""The table ``run``, ``replay`` and ``summarize`` print: latency percentiles, throughput, errors,
+client lateness, the server-side breakdown and per-tier SLO attainment (or the summary as JSON)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def print_summary(s: dict[str, Any], run_dir: Path, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(s, indent=2, default=float))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"slobench {s.get('run_id', '')}", show_header=True)
+    t.add_column("metric")
+    for c in ("mean", "median", "p90", "p99"):
+        t.add_column(c, justify="right")
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        t.add_row(
+            f"{m.upper()} (ms)", *(_num(s.get(f"{c}_{m}_ms")) for c in ("mean", "median", "p90", "p99")))
+    con.print(t)
+    lat = s.get("client_lateness", {})
+    con.print(
+        f"requests {s.get('requests')}  completed {s.get('completed')}  failed {s.get('failed')}  "
+        f"cancelled {s.get('cancelled', 0)}  duration {_num(s.get('duration'))} s\n"
+        f"request throughput {_num(s.get('request_throughput'))} req/s  "
+        f"goodput {_num(s.get('request_goodput'))} req/s  output {_num(s.get('output_throughput'))} tok/s\n"
+        f"errors {s.get('errors') or '{}'}  client lateness p50 {_num(lat.get('p50_ms'))} ms "
+        f"p99 {_num(lat.get('p99_ms'))} ms  valid {s.get('valid')}"
+    )
+    bd = s.get("breakdown") or {}
+    if bd.get("source"):
+        con.print(f"breakdown ({bd['source']}): queue {_num(bd.get('mean_queue_ms'))} ms  prefill "
+                  f"{_num(bd.get('mean_prefill_ms'))} ms  decode {_num(bd.get('mean_decode_ms'))} ms (means)")
+    for tier, e in (s.get("tiers") or {}).items():
+        if "slo_attainment" in e:
+            con.print(f"tier {tier}: {e['slo_met']}/{e['requests']} met {e['slo']} "
+                      f"({100 * e['slo_attainment']:.1f}%)")
+    if not s.get("valid", True) and s.get("invalid_reason"):
+        con.print(f"[bold red]INVALID RUN:[/] {s['invalid_reason']}")
+    con.print(f"results: {run_dir}/ (requests.jsonl, metrics.jsonl, summary.json)")

@@ -1,0 +1,50 @@
+"""Commands that are a target or use the engine directly: ``serve`` (the reference engine's server),
+``generate`` (one offline generation) and ``mock-server`` (a target with exact timing)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from loadgen.commands.common import EXIT_OK, UsageError
+
+
+def cmd_serve(argv: list[str], parser_class: type[argparse.ArgumentParser]) -> int:
+    """``serve`` takes the engine server's own flags, so it parses its arguments itself."""
+    from engine.server import add_server_arguments, run_server  # lazy: only `serve` imports torch
+
+    p = parser_class(prog="slobench serve", description="The reference engine's OpenAI-compatible server.")
+    add_server_arguments(p)
+    args = p.parse_args(argv)
+    result = run_server(args)
+    return int(result) if isinstance(result, int) else EXIT_OK
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from engine import Engine, EngineConfig, SamplingParams  # lazy: torch
+
+    if args.max_tokens < 1:
+        raise UsageError("--max-tokens must be >= 1")
+    try:
+        engine = Engine(EngineConfig(model=args.model))
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from None
+    results = engine.generate([args.prompt], SamplingParams(max_tokens=args.max_tokens,
+                                                            temperature=args.temperature))
+    for r in results:
+        print(r.text)
+        keys = ("queue_ms", "prefill_ms", "decode_ms")
+        t = r.timing
+        t = t if isinstance(t, dict) else {k: getattr(t, k, None) for k in keys}
+        print("  ".join(f"{k[:-3]} {t[k]:.1f} ms" for k in keys if isinstance(t.get(k), (int, float))),
+              file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_mock_server(args: argparse.Namespace) -> int:
+    from loadgen.target.mock_server import MockConfig, serve
+
+    if args.ttft_ms < 0 or args.itl_ms < 0 or (args.tokens is not None and args.tokens < 1):
+        raise UsageError("--ttft-ms and --itl-ms must be >= 0 and --tokens >= 1")
+    serve(MockConfig(args.ttft_ms, args.itl_ms, args.tokens, args.model), args.host, args.port)
+    return EXIT_OK
