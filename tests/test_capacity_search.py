@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from loadgen.capacity.search import CapacitySearch, StepResult
-from loadgen.results.slo import SLO, bootstrap_ci, breach_certain, breach_likely, judge, quantile
+from loadgen.results.latency import quantile
+from loadgen.results.slo import SLO, bootstrap_ci, breach_certain, breach_likely, judge
 from loadgen.scenario.options import SearchConfig
 
 

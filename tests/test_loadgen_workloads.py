@@ -119,8 +119,9 @@ def test_breakdown_from_scraped_histogram_deltas():
     m = [{"t": 0, "metrics": {f"{h}_sum": 1.0, f"{h}_count": 10}},
          {"t": 5, "metrics": {f"{h}_sum": 3.0, f"{h}_count": 30}}]
     s = summarize(recs, metrics=m)
-    assert s["breakdown"] == {"source": "metrics", "mean_queue_ms": pytest.approx(100.0),
-                              "mean_prefill_ms": None, "mean_decode_ms": None}
+    assert s["breakdown"] == {"source": "metrics", "requests": 20, "mean_queue_ms": pytest.approx(100.0),
+                              "mean_prefill_ms": None, "mean_network_ms": None, "mean_decode_ms": None,
+                              "mean_ttft_ms": pytest.approx(100.0)}
 
 
 def test_goodput_parsing_errors():

@@ -1,10 +1,9 @@
 """SLO judgement for one load step: a latency quantile, its bootstrap confidence interval, a verdict.
 
-Values are per-request latencies in ms. A request that never produced the measured event (a 429, an
-HTTP or connection error) counts as ``inf``: it broke the promise. A request cut off before the event
-(cancelled at the end of a step) counts as its *lower bound*, the time it had waited so far; the
-quantile computed with lower bounds is itself a lower bound of the true one, so a breach found with
-them is a real breach. Quantiles use numpy's linear interpolation, as ``p99_ttft_ms`` in the summary.
+Values are per-request SLO values in ms, as ``latency.slo_value`` defines them (``inf`` for a failed
+request, the time waited so far for one cut off: a lower bound), and the quantile is
+``latency.quantile``, the one the summary's ``p99_ttft_ms`` uses. The quantile computed with lower
+bounds is itself a lower bound of the true one, so a breach found with them is a real breach.
 """
 
 from __future__ import annotations
@@ -15,7 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-METRICS = ("ttft_ms", "tpot_ms", "e2el_ms")
+from loadgen.results.latency import SLO_METRICS, quantile, quantile_of_sorted
+
+METRICS = SLO_METRICS
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,18 +45,6 @@ def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def quantile(values: Sequence[float] | np.ndarray, q: float) -> float:
-    """The q-quantile (0..1) with linear interpolation; ``inf`` when it touches a failed request."""
-    v = np.sort(np.asarray(values, dtype=float))
-    if v.size == 0:
-        return math.nan
-    pos = q * (v.size - 1)
-    lo, hi = int(math.floor(pos)), int(math.ceil(pos))
-    if not math.isfinite(v[hi]):
-        return math.inf if (pos > lo or not math.isfinite(v[lo])) else float(v[lo])
-    return float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
-
-
 def bootstrap_ci(values: Sequence[float] | np.ndarray, q: float, confidence: float = 0.95, n_boot: int = 2000,
                  seed: int = 0) -> tuple[float, float]:
     """Percentile-bootstrap interval of the q-quantile (seeded: the same data give the same interval)."""
@@ -69,11 +58,9 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, q: float, confidence: flo
     w = np.where(np.isfinite(v), v, big)
     rng = np.random.default_rng(seed)
     samples = np.sort(w[rng.integers(0, w.size, size=(n_boot, w.size))], axis=1)
-    pos = q * (w.size - 1)
-    lo, hi = int(math.floor(pos)), int(math.ceil(pos))
-    est = samples[:, lo] + (samples[:, hi] - samples[:, lo]) * (pos - lo)
+    est = quantile_of_sorted(samples, q)
     a = (1.0 - confidence) / 2.0
-    low, high = np.quantile(est, [a, 1.0 - a])
+    low, high = quantile(est, a), quantile(est, 1.0 - a)
     return (float(low) if low < big / 2 else math.inf), (float(high) if high < big / 2 else math.inf)
 
 

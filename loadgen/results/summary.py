@@ -1,10 +1,8 @@
 """Turn run records into a summary with vLLM benchmark_serving's key names.
 
-Formulas (DESIGN.md): TTFT = first non-empty content chunk - scheduled send; E2EL = last content chunk -
-scheduled send; TPOT = (E2EL - TTFT) / (output_tokens - 1) for requests with more than one output
-token; ITL = every gap between content chunks, pooled. Latency statistics use successful requests
-only (as vLLM does) and exact percentiles of the raw samples (numpy's linear interpolation, vLLM's
-too); ``mean_*``, ``median_*``, ``std_*``, ``p90_*``, ``p99_*`` in ms, ``null`` when there is no sample.
+Every latency and statistic comes from ``loadgen.results.latency`` (the one definition of TTFT, TPOT,
+ITL, E2EL, the breakdown and the quantiles); this module only groups and names them:
+``mean_*``, ``median_*``, ``std_*``, ``p90_*``, ``p99_*`` in ms, ``null`` when there is no sample.
 """
 
 from __future__ import annotations
@@ -13,18 +11,13 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
 import pandas as pd
+
+from loadgen.results import latency
+from loadgen.results.scraped import breakdown_histogram_means
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 SLO_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2el_ms"}
-BREAKDOWN = ("queue_ms", "prefill_ms", "decode_ms")
-# vLLM histograms whose sum/count deltas give the breakdown when records carry no server timing
-BREAKDOWN_HISTOGRAMS = {
-    "queue_ms": "vllm:request_queue_time_seconds",
-    "prefill_ms": "vllm:request_prefill_time_seconds",
-    "decode_ms": "vllm:request_decode_time_seconds",
-}
 
 
 def parse_goodput(items: Iterable[str]) -> dict[str, float]:
@@ -44,43 +37,35 @@ def parse_goodput(items: Iterable[str]) -> dict[str, float]:
     return out
 
 
-def _stats(name: str, values: np.ndarray, out: dict[str, Any], percentiles: Iterable[float]) -> None:
-    v = np.asarray(values, dtype=float)
-    empty = v.size == 0
-    out[f"mean_{name}_ms"] = None if empty else float(v.mean())
-    out[f"median_{name}_ms"] = None if empty else float(np.median(v))
-    out[f"std_{name}_ms"] = None if empty else float(v.std())
-    for p in percentiles:
-        key = f"p{p:g}_{name}_ms"
-        out[key] = None if empty else float(np.percentile(v, p))
-
-
 def request_frame(records: list[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per record with the derived per-request latencies in ms (NaN where undefined)."""
+    """One row per record with its latencies in ms (``latency``'s definitions; NaN where undefined, and
+    for requests that did not succeed: summary statistics use successful requests only)."""
     df = pd.DataFrame.from_records(records)
     if df.empty:
         return df
     for col in ("first_token_s", "sent_s", "done_s", "output_tokens", "prompt_tokens"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    last = df["token_s"].map(lambda ts: ts[-1] if ts else math.nan)
-    ok = df["status"] == "ok"
-    df["ttft_ms"] = ((df["first_token_s"] - df["scheduled_s"]) * 1000.0).where(ok)
-    df["e2el_ms"] = ((last - df["scheduled_s"]) * 1000.0).where(ok)
-    n_out = df["output_tokens"]
-    df["tpot_ms"] = ((df["e2el_ms"] - df["ttft_ms"]) / (n_out - 1)).where(ok & (n_out > 1))
-    df["lateness_ms"] = (df["sent_s"] - df["scheduled_s"]) * 1000.0
+    ok = [latency.succeeded(r) for r in records]
+    nan = math.nan
+
+    def col(fn) -> list[float]:
+        return [(v if (v := fn(r)) is not None and good else nan) for r, good in zip(records, ok, strict=True)]
+
+    df["ttft_ms"] = col(latency.ttft_ms)
+    df["e2el_ms"] = col(latency.e2el_ms)
+    df["tpot_ms"] = col(latency.tpot_ms)
+    df["lateness_ms"] = [nan if (v := latency.lateness_ms(r)) is None else v for r in records]
     return df
 
 
 def meets(df: pd.DataFrame, slo: Mapping[str, float]) -> pd.Series:
-    """Per request: succeeded and met every SLO in ``slo`` (keys ttft_ms / tpot_ms / e2el_ms)."""
-    good = df["status"] == "ok"
-    for key, limit in slo.items():
-        col = df[key]
-        if key == "tpot_ms":  # a single-token answer has no TPOT: it cannot miss it
-            col = col.fillna(0.0)
-        good &= col <= limit
-    return good
+    """Per request (row): succeeded and met every SLO in ``slo`` (``latency.meets``)."""
+    return pd.Series([latency.meets(r, slo) for r in _rows(df)], index=df.index, dtype=bool)
+
+
+def _rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    cols = [c for c in ("scheduled_s", "first_token_s", "token_s", "done_s", "output_tokens", "status") if c in df]
+    return df[cols].to_dict("records")
 
 
 def summarize(
@@ -122,9 +107,9 @@ def summarize(
         out["goodput_slo"] = dict(goodput)
         out["goodput_fraction"] = good / max(1, int((~cancelled).sum()))
     for name in ("ttft", "tpot", "e2el"):
-        _stats(name, okd[f"{name}_ms"].dropna().to_numpy(), out, percentiles)
-    itl = [np.diff(ts) for ts in okd["token_s"] if len(ts) > 1]
-    _stats("itl", np.concatenate(itl) * 1000.0 if itl else np.empty(0), out, percentiles)
+        latency.describe(name, okd[f"{name}_ms"], percentiles, out)
+    ok_records = [r for r in records if latency.succeeded(r)]
+    latency.describe("itl", latency.pooled_itl_ms(ok_records), percentiles, out)
 
     errs = df.loc[~ok, "status"].value_counts()
     out["errors"] = {str(k): int(v) for k, v in errs.items()}
@@ -135,12 +120,14 @@ def summarize(
 
     if tier_slos or df["tier"].notna().any():
         out["tiers"] = _tiers(df, tier_slos or {}, percentiles)
-    out["breakdown"] = _breakdown(okd, metrics)
+    hist = breakdown_histogram_means(metrics[0].get("metrics", {}), metrics[-1].get("metrics", {})) \
+        if metrics and len(metrics) >= 2 else None
+    out["breakdown"] = latency.breakdown(ok_records, hist)
 
     late = df["lateness_ms"].dropna().to_numpy()
     lat = {
-        "p50_ms": float(np.percentile(late, 50)) if late.size else None,
-        "p99_ms": float(np.percentile(late, 99)) if late.size else None,
+        "p50_ms": latency.percentile(late, 50),
+        "p99_ms": latency.percentile(late, 99),
         "max_ms": float(late.max()) if late.size else None,
         "bound_ms": lateness_bound_ms,
     }
@@ -161,8 +148,7 @@ def _tiers(df: pd.DataFrame, tier_slos: Mapping[str, Mapping[str, float]], perce
     for tier, g in live.groupby(live["tier"].fillna("none"), sort=True):
         ok = g["status"] == "ok"
         entry: dict[str, Any] = {"requests": len(g), "completed": int(ok.sum())}
-        ttft = g.loc[ok, "ttft_ms"].dropna().to_numpy()
-        _stats("ttft", ttft, entry, percentiles)
+        latency.describe("ttft", g.loc[ok, "ttft_ms"], percentiles, entry)
         slo = tier_slos.get(str(tier))
         if slo:
             met = int(meets(g, slo).sum())
@@ -171,33 +157,3 @@ def _tiers(df: pd.DataFrame, tier_slos: Mapping[str, Mapping[str, float]], perce
             entry["slo_attainment"] = met / len(g) if len(g) else None
         res[str(tier)] = entry
     return res
-
-
-def _breakdown(okd: pd.DataFrame, metrics: list[Mapping[str, Any]] | None) -> dict[str, Any]:
-    server = okd["server"].dropna() if "server" in okd else pd.Series(dtype=object)
-    server = server[server.map(lambda s: isinstance(s, dict) and bool(s))]
-    if len(server):
-        sdf = pd.DataFrame.from_records(list(server))
-        out: dict[str, Any] = {"source": "timing", "requests": len(sdf)}
-        for k in BREAKDOWN:
-            if k in sdf:
-                v = pd.to_numeric(sdf[k], errors="coerce").dropna().to_numpy()
-                out[f"mean_{k}"] = float(v.mean()) if v.size else None
-                out[f"p50_{k}"] = float(np.percentile(v, 50)) if v.size else None
-                out[f"p99_{k}"] = float(np.percentile(v, 99)) if v.size else None
-        return out
-    if metrics and len(metrics) >= 2:
-        first, last = metrics[0].get("metrics", {}), metrics[-1].get("metrics", {})
-        out = {"source": "metrics"}
-        for k, hist in BREAKDOWN_HISTOGRAMS.items():
-            ds = _family_total(last, hist + "_sum") - _family_total(first, hist + "_sum")
-            dc = _family_total(last, hist + "_count") - _family_total(first, hist + "_count")
-            out[f"mean_{k}"] = ds / dc * 1000.0 if dc > 0 else None
-        if any(out[f"mean_{k}"] is not None for k in BREAKDOWN):
-            return out
-    return {"source": None}
-
-
-def _family_total(sample: Mapping[str, float], name: str) -> float:
-    """Sum of every labelled series of one sample name (``name`` or ``name{...}``)."""
-    return float(sum(v for k, v in sample.items() if k == name or k.startswith(name + "{")))

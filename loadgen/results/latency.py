@@ -1,0 +1,216 @@
+"""The one definition of every latency slobench reports (docs/ARCHITECTURE.md, "Metric definitions").
+
+The summary, the capacity search, the report, the gate and the Locust driver all call these functions,
+so they can never disagree about the same records. A record is a :class:`RequestRecord` or its JSON
+dict (``requests.jsonl``); times are seconds on the run's clock, latencies milliseconds.
+
+- **TTFT** = first non-empty content chunk − scheduled send (never the actual send: no coordinated
+  omission). **E2EL** = last content chunk − scheduled send. **TPOT** = (E2EL − TTFT) / (output
+  tokens − 1), for answers of more than one token. **ITL** = every gap between content chunks.
+  **Lateness** = actual send − scheduled send (the client's own delay). These are the formulas and
+  JSON key names of vLLM's benchmark.
+- **Summary statistics** (``describe``) use successful requests only, as vLLM does, and exact
+  quantiles of the raw samples with linear interpolation (numpy's default, vLLM's too).
+- **SLO values** (``slo_value``) are judged on *every* request: one that failed (429, error, read
+  timeout) counts as ``inf`` — it broke the promise; one cut off before the event (still in flight, or
+  cancelled at the end of a step) counts as the time it had waited, a lower bound. ``quantile`` is
+  ``inf`` once it reaches a failed request, so a breach found with lower bounds is a real breach.
+- **Breakdown**: TTFT = queue + prefill + the rest (network and front end), and decode time, from the
+  target's per-request timing when it sends one, else from its histograms' deltas over the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+SLO_METRICS = ("ttft_ms", "tpot_ms", "e2el_ms")
+BREAKDOWN_PARTS = ("queue", "prefill", "network", "decode")
+
+
+def _get(r: Any, name: str) -> Any:
+    return r.get(name) if isinstance(r, Mapping) else getattr(r, name)
+
+
+# ------------------------------------------------------------------ per request
+
+
+def ttft_ms(r: Any) -> float | None:
+    """Time to the first content token, when one arrived."""
+    first = _get(r, "first_token_s")
+    return None if first is None else (first - _get(r, "scheduled_s")) * 1000.0
+
+
+def e2el_ms(r: Any) -> float | None:
+    """Time to the last content token, when any arrived."""
+    ts = _get(r, "token_s")
+    return (ts[-1] - _get(r, "scheduled_s")) * 1000.0 if ts else None
+
+
+def output_tokens(r: Any) -> int:
+    """The server's count (usage) when it sent one, else one token per content chunk."""
+    n = _get(r, "output_tokens")
+    return int(n) if n is not None and not (isinstance(n, float) and math.isnan(n)) else len(_get(r, "token_s") or ())
+
+
+def tpot_ms(r: Any) -> float | None:
+    """Mean time per output token after the first; None for a one-token (or token-less) answer."""
+    n = output_tokens(r)
+    first, last = ttft_ms(r), e2el_ms(r)
+    if n <= 1 or first is None or last is None:
+        return None
+    return (last - first) / (n - 1)
+
+
+def itl_ms(r: Any) -> list[float]:
+    """Every gap between consecutive content chunks."""
+    ts = _get(r, "token_s") or ()
+    return [(b - a) * 1000.0 for a, b in zip(ts, ts[1:], strict=False)]
+
+
+def lateness_ms(r: Any) -> float | None:
+    sent = _get(r, "sent_s")
+    return None if sent is None else (sent - _get(r, "scheduled_s")) * 1000.0
+
+
+def sojourn_s(r: Any) -> float | None:
+    """Time in the system, scheduled send to the end of the request (Little's law uses its mean)."""
+    done = _get(r, "done_s")
+    return None if done is None else done - _get(r, "scheduled_s")
+
+
+def succeeded(r: Any) -> bool:
+    return _get(r, "status") == "ok"
+
+
+def slo_value(r: Any, metric: str, now_s: float | None = None) -> float:
+    """A request's value for one SLO metric, by the rule above: exact when known, ``inf`` for a failed
+    request, the time waited so far for one still in flight (``done_s`` None, judged at ``now_s``) or
+    cut off, NaN when it says nothing (the TPOT of an unfinished request)."""
+    sched = _get(r, "scheduled_s")
+    done = _get(r, "done_s")
+    pending = done is None
+    end = now_s if pending else done
+    cut = pending or _get(r, "status") == "cancelled"
+    waited = (end - sched) * 1000.0 if cut and end is not None else math.inf
+    if metric == "ttft_ms":
+        v = ttft_ms(r)
+        return v if v is not None else waited
+    if metric == "e2el_ms":
+        v = e2el_ms(r)
+        return v if (not cut and succeeded(r) and v is not None) else waited
+    if metric == "tpot_ms":
+        if cut:
+            return math.nan
+        if not succeeded(r):
+            return math.inf
+        v = tpot_ms(r)
+        return 0.0 if v is None else v  # a one-token answer has no TPOT: it cannot miss it
+    raise ValueError(f"unknown SLO metric {metric!r} (expected one of {', '.join(SLO_METRICS)})")
+
+
+def slo_values(records: Iterable[Any], metric: str, now_s: float | None = None) -> np.ndarray:
+    """``slo_value`` of each record, the ones that say nothing (NaN) left out."""
+    v = np.asarray([slo_value(r, metric, now_s) for r in records], dtype=float)
+    return v[~np.isnan(v)]
+
+
+def meets(r: Any, slos: Mapping[str, float]) -> bool:
+    """Succeeded and met every SLO in ``slos`` (``{"ttft_ms": 300, ...}``)."""
+    return succeeded(r) and all(slo_value(r, k) <= limit for k, limit in slos.items())
+
+
+# ------------------------------------------------------------------ over many requests
+
+
+def quantile(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """The q-quantile (0..1) with linear interpolation; ``inf`` when it touches a failed request (an
+    exact hit on a finite sample below the first ``inf`` stays finite); NaN without values."""
+    v = np.sort(np.asarray(values, dtype=float))
+    if v.size == 0:
+        return math.nan
+    return float(quantile_of_sorted(v[None, :], q)[0])
+
+
+def quantile_of_sorted(rows: np.ndarray, q: float) -> np.ndarray:
+    """``quantile`` of each row of a matrix whose rows are sorted ascending (the bootstrap's resamples)."""
+    n = rows.shape[1]
+    pos = q * (n - 1)
+    lo, hi = int(math.floor(pos)), int(math.ceil(pos))
+    a, b = rows[:, lo], rows[:, hi]
+    frac = pos - lo
+    with np.errstate(invalid="ignore"):
+        out = a + (b - a) * frac
+    if frac == 0:
+        return a.astype(float)
+    return np.where(np.isfinite(b), out, math.inf)
+
+
+def describe(name: str, values: Iterable[float] | np.ndarray, percentiles: Iterable[float] = (90, 99),
+             out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``mean_/median_/std_/pN_{name}_ms`` of finite samples (NaN and None dropped), ``None`` when empty."""
+    out = {} if out is None else out
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    v = v[~np.isnan(v)]
+    empty = v.size == 0
+    out[f"mean_{name}_ms"] = None if empty else float(v.mean())
+    out[f"median_{name}_ms"] = None if empty else quantile(v, 0.5)
+    out[f"std_{name}_ms"] = None if empty else float(v.std())
+    for p in percentiles:
+        out[f"p{p:g}_{name}_ms"] = None if empty else quantile(v, p / 100.0)
+    return out
+
+
+def percentile(values: Iterable[float] | np.ndarray, p: float) -> float | None:
+    """The p-th percentile (0..100) of the finite samples, None when there are none."""
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    v = v[~np.isnan(v)]
+    return quantile(v, p / 100.0) if v.size else None
+
+
+def pooled_itl_ms(records: Iterable[Any]) -> np.ndarray:
+    """Every inter-token gap of the given (successful) requests, pooled."""
+    gaps = [g for r in records for g in itl_ms(r)]
+    return np.asarray(gaps, dtype=float)
+
+
+# ------------------------------------------------------------------ where TTFT goes
+
+
+def breakdown(records: Sequence[Any], histogram_means: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+    """The queue / prefill / network / decode split of the successful requests, in ms.
+
+    From per-request server timing (``server`` = ``{queue_ms, prefill_ms, decode_ms}``) when the target
+    sends it: means, medians and p99s, with network = TTFT − queue − prefill per request. Otherwise from
+    ``histogram_means`` (the target's histogram deltas over the run, ``{queue_ms, prefill_ms, decode_ms,
+    requests}``): means only, network = mean TTFT − mean queue − mean prefill. ``source`` says which
+    ("timing" | "metrics" | None)."""
+    ok = [r for r in records if succeeded(r) and ttft_ms(r) is not None]
+    timed = [r for r in ok if isinstance(_get(r, "server"), Mapping) and "queue_ms" in _get(r, "server")
+             and "prefill_ms" in _get(r, "server")]
+    out: dict[str, Any] = {"source": None, "requests": 0, **{f"mean_{part}_ms": None for part in BREAKDOWN_PARTS}}
+    ttfts = [ttft_ms(r) for r in ok]
+    if timed:
+        parts = {
+            "queue": [float(_get(r, "server")["queue_ms"]) for r in timed],
+            "prefill": [float(_get(r, "server")["prefill_ms"]) for r in timed],
+            "network": [ttft_ms(r) - _get(r, "server")["queue_ms"] - _get(r, "server")["prefill_ms"] for r in timed],
+            "decode": [float(_get(r, "server")["decode_ms"]) for r in timed if "decode_ms" in _get(r, "server")],
+        }
+        out.update(source="timing", requests=len(timed))
+        for part, vals in parts.items():
+            out[f"mean_{part}_ms"] = float(np.mean(vals)) if vals else None
+            out[f"p50_{part}_ms"] = percentile(vals, 50)
+            out[f"p99_{part}_ms"] = percentile(vals, 99)
+    elif histogram_means and any(histogram_means.get(k) is not None for k in ("queue_ms", "prefill_ms", "decode_ms")):
+        q, p = histogram_means.get("queue_ms"), histogram_means.get("prefill_ms")
+        mean_ttft = float(np.mean(ttfts)) if ttfts else None
+        known = mean_ttft is not None and q is not None and p is not None
+        out.update(source="metrics", requests=histogram_means.get("requests"), mean_queue_ms=q, mean_prefill_ms=p,
+                   mean_network_ms=mean_ttft - q - p if known else None,
+                   mean_decode_ms=histogram_means.get("decode_ms"))
+    out["mean_ttft_ms"] = float(np.mean(ttfts)) if ttfts else None
+    return out
