@@ -32,7 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.drivers.replayer import ClientConfig, Replayer, run_sync  # noqa: E402
+from loadgen.drivers.event_loop import run_sync  # noqa: E402
+from loadgen.drivers.http_request import ClientConfig  # noqa: E402
+from loadgen.drivers.replayer import Replayer  # noqa: E402
 from loadgen.fixed_load import RunOptions, execute  # noqa: E402
 from loadgen.results.records import RecordWriter, read_records  # noqa: E402
 from loadgen.target.embedded import free_port, wait_healthy  # noqa: E402

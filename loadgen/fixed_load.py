@@ -1,30 +1,30 @@
-"""One load run: records, scrape, live progress, Ctrl-C, summary, in ``reports/<run-id>/``.
+"""One fixed-load run (``slobench run`` / ``replay``): records, scrape, live progress, Ctrl-C, summary,
+in one run folder.
 
-``execute()`` runs the replayer in this process, or shards the schedule round-robin over ``workers``
-processes that share one start time (``time.monotonic`` is system-wide) and append to the same
-``requests.jsonl``. Ctrl-C, a target that stops accepting connections, or a watched engine process
-that dies all end the run the same way: nothing more is sent, requests in flight are recorded as
-``cancelled``, and the summary is written from whatever was measured.
+Any driver (``drivers.factory``) sends the schedule; its records go to ``requests.jsonl`` as each
+request ends. Ctrl-C, a target that stops accepting connections, or a watched engine process that dies
+all end the run the same way: nothing more is sent, requests in flight are recorded as ``cancelled``,
+and the summary is written from whatever was measured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing as mp
 import signal
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from loadgen.drivers.replayer import ClientConfig, Progress, Replayer, TargetError, run_sync
+from loadgen.drivers.base import Driver, Progress
+from loadgen.drivers.event_loop import now, run_sync
+from loadgen.drivers.factory import make_driver
+from loadgen.drivers.http_request import ClientConfig
+from loadgen.results import latency
 from loadgen.results.records import RecordWriter, read_records
 from loadgen.results.rundir import read_metrics
-from loadgen.results.runmeta import now_iso
+from loadgen.results.runmeta import now_iso, run_metadata
 from loadgen.results.summary import summarize
 from loadgen.target.scrape import Scraper
 from loadgen.workload.specs import RequestSpec
@@ -53,7 +53,6 @@ class RunResult:
     stopped: str | None  # why the run ended early, None when it ran to the end
 
 
-
 def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     run_dir = Path(opts.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -64,14 +63,8 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     config = {"target": opts.client.target, "client": asdict(opts.client), "workers": opts.workers,
               "concurrency": opts.concurrency, "requests_planned": len(specs), **opts.meta}
     if opts.driver == "locust":
-        from loadgen.drivers.locust.driver import run_locust
-
         config["driver"] = "locust"
-        stopped, model = run_locust(specs, opts, req_path, met_path)
-    elif opts.workers > 1:
-        stopped, model = _sharded(specs, opts, req_path, met_path)
-    else:
-        stopped, model = run_sync(lambda: _single(specs, opts, req_path, met_path))
+    stopped, model = run_sync(lambda: _drive(specs, opts, req_path, met_path))
     config["model"] = model
     (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     summary = summarize(read_records(req_path), goodput=opts.goodput or None, tier_slos=opts.tier_slos,
@@ -87,8 +80,6 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
 
 def _metadata(opts: RunOptions, run_dir: Path, driver: str, started_at: str) -> dict[str, Any]:
     """The metadata keys every summary.json carries (kind run | replay, scenario, target, versions ...)."""
-    from loadgen.results.runmeta import run_metadata
-
     meta = opts.meta
     if isinstance(meta.get("scenario"), str):
         scenario = {"name": meta.get("scenario_name") or Path(meta["scenario"]).stem, "path": meta["scenario"]}
@@ -103,51 +94,56 @@ def _metadata(opts: RunOptions, run_dir: Path, driver: str, started_at: str) -> 
                         driver=driver)
 
 
-# ------------------------------------------------------------------ one process
-
-
-async def _single(specs, opts: RunOptions, req_path: Path, met_path: Path) -> tuple[str | None, str | None]:
+async def _drive(specs: Sequence[RequestSpec], opts: RunOptions, req_path: Path,
+                 met_path: Path) -> tuple[str | None, str | None]:
+    """The run itself: open the driver, start the scraper on the same t0, send, watch, close."""
     loop = asyncio.get_running_loop()
     with RecordWriter(req_path) as writer:
-        prog = Progress()
-        rep = Replayer(opts.client, writer, prog)
+        driver = make_driver(opts.driver, opts.client, writer, workers=opts.workers, work_dir=req_path.parent,
+                             tier_slos=opts.tier_slos)
         try:
-            await rep.open()
+            await driver.open()
         except BaseException:
-            await rep.close()
+            await driver.close()
             raise
-        scraper = Scraper(opts.client.target, met_path).start() if opts.scrape else None
-        loop.add_signal_handler(signal.SIGINT, rep.stop, "interrupted (Ctrl-C)")
-        display = _Display(len(specs)) if opts.progress else None
-        watcher = asyncio.ensure_future(_watch(rep, prog, opts.watch, display))
+        scraper = None
+        if opts.scrape:
+            scraper = Scraper(opts.client.target, met_path)
+            await loop.run_in_executor(None, scraper.start)
+        loop.add_signal_handler(signal.SIGINT, driver.stop, "interrupted (Ctrl-C)")
+        display = RunDisplay(len(specs)) if opts.progress else None
+        watcher = asyncio.ensure_future(_watch(driver, opts.watch, display))
+        t0 = now() + driver.start_lead_s
+        if scraper:
+            scraper.go(t0)
         try:
-            await rep.run(specs, concurrency=opts.concurrency, on_start=scraper.go if scraper else None)
+            await driver.run(specs, t0=t0, stage=0, concurrency=opts.concurrency)
         finally:
             watcher.cancel()
             loop.remove_signal_handler(signal.SIGINT)
-            await rep.close()
+            await driver.close()
             if display:
-                display.update(prog.sent, prog.in_flight, prog.done, prog.errors, list(prog.ttft_ms))
+                display.update(driver.progress)
                 display.close()
             if scraper:
-                scraper.stop()
-    if rep.abort_reason is None and opts.watch:
-        rep.abort_reason = opts.watch()
-    return rep.abort_reason, rep.model
+                await loop.run_in_executor(None, scraper.stop)
+    if driver.abort_reason is None and opts.watch:
+        driver.abort_reason = opts.watch()
+    return driver.abort_reason, driver.model
 
 
-async def _watch(rep: Replayer, prog: Progress, watch, display) -> None:
+async def _watch(driver: Driver, watch: Callable[[], str | None] | None, display: RunDisplay | None) -> None:
     while True:
         await asyncio.sleep(0.5)
         if watch:
             reason = watch()
             if reason:
-                rep.stop(reason)
+                driver.stop(reason)
         if display:
-            display.update(prog.sent, prog.in_flight, prog.done, prog.errors, list(prog.ttft_ms))
+            display.update(driver.progress)
 
 
-class _Display:
+class RunDisplay:
     """rich live line: sent / in flight / done / errors, TTFT p50 / p99 of recent requests."""
 
     def __init__(self, planned: int):
@@ -159,152 +155,15 @@ class _Display:
         self.live = Live(console=self.console, auto_refresh=False, transient=False)
         self.live.start()
 
-    def update(self, sent: int, in_flight: int, done: int, errors: int, ttft_ms: list[float]) -> None:
+    def update(self, prog: Progress) -> None:
         from rich.text import Text
 
-        p = f"TTFT p50 {np.percentile(ttft_ms, 50):.0f} ms  p99 {np.percentile(ttft_ms, 99):.0f} ms" \
-            if ttft_ms else "TTFT -"
-        self.live.update(Text(f"sent {sent}/{self.planned}  in flight {in_flight}  done {done}  "
-                              f"errors {errors}  {p}"), refresh=True)
+        recent = list(prog.ttft_ms)
+        p = (f"TTFT p50 {latency.percentile(recent, 50):.0f} ms  p99 {latency.percentile(recent, 99):.0f} ms"
+             if recent else "TTFT -")
+        self.live.update(Text(f"sent {prog.sent}/{self.planned}  in flight {prog.in_flight}  done {prog.done}  "
+                              f"errors {prog.errors}  {p}"), refresh=True)
 
     def close(self) -> None:
         self.live.stop()
 
-
-# ------------------------------------------------------------------ N processes
-
-
-def _worker(idx, specs, cfg: ClientConfig, req_path, concurrency, ready, go, t0v, counters, stop_ev, results):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us through stop_ev
-
-    async def main():
-        with RecordWriter(req_path) as writer:
-            prog = Progress()
-            rep = Replayer(cfg, writer, prog)
-            await rep.open()
-            await asyncio.get_running_loop().run_in_executor(None, ready.wait)
-            await asyncio.get_running_loop().run_in_executor(None, go.wait)
-
-            async def sync():
-                while True:
-                    counters[idx * 4: idx * 4 + 4] = [prog.sent, prog.in_flight, prog.done, prog.errors]
-                    if stop_ev.is_set():
-                        rep.stop("stopped")
-                    await asyncio.sleep(0.2)
-
-            s = asyncio.ensure_future(sync())
-            try:
-                await rep.run(specs, t0=t0v.value, concurrency=concurrency)
-            finally:
-                s.cancel()
-                counters[idx * 4: idx * 4 + 4] = [prog.sent, prog.in_flight, prog.done, prog.errors]
-                await rep.close()
-            return rep.abort_reason
-
-    try:
-        reason = run_sync(main)
-        results.put((idx, reason, None))
-    except Exception as e:  # noqa: BLE001 (reported to the parent)
-        results.put((idx, None, f"{type(e).__name__}: {e}"))
-
-
-def _sharded(specs, opts: RunOptions, req_path: Path, met_path: Path) -> tuple[str | None, str | None]:
-    from loadgen.drivers.replayer import discover_model
-
-    cfg = opts.client
-    if cfg.model is None:
-        async def find():
-            import aiohttp
-            async with aiohttp.ClientSession() as s:
-                return await discover_model(s, cfg.target)
-        cfg = ClientConfig(**{**asdict(cfg), "model": run_sync(find)})
-    n = opts.workers
-    ctx = mp.get_context("spawn")
-    ready, go = ctx.Barrier(n + 1), ctx.Event()
-    t0v = ctx.Value("d", 0.0)
-    counters = ctx.Array("q", 4 * n, lock=False)
-    stop_ev = ctx.Event()
-    results = ctx.Queue()
-    conc = -(-opts.concurrency // n) if opts.concurrency else 0
-    procs = [ctx.Process(target=_worker, args=(i, list(specs[i::n]), cfg, str(req_path), conc, ready, go, t0v,
-                                               counters, stop_ev, results), daemon=True) for i in range(n)]
-    for p in procs:
-        p.start()
-    stopped: str | None = None
-    old = signal.getsignal(signal.SIGINT)
-
-    def on_sigint(*_):
-        nonlocal stopped
-        stopped = stopped or "interrupted (Ctrl-C)"
-        stop_ev.set()
-
-    signal.signal(signal.SIGINT, on_sigint)
-    display = None
-    scraper = None
-    try:
-        try:
-            ready.wait(timeout=120)
-        except Exception:  # noqa: BLE001
-            stop_ev.set()
-            raise TargetError("worker processes did not start (see their errors above)") from None
-        scraper = Scraper(cfg.target, met_path).start() if opts.scrape else None
-        t0v.value = time.monotonic() + 0.2
-        go.set()
-        if scraper:
-            scraper.go(t0v.value)
-        display = _Display(len(specs)) if opts.progress else None
-        errors: list[str] = []
-        done_workers = 0
-        while done_workers < n:
-            try:
-                _idx, reason, err = results.get(timeout=0.5)
-                done_workers += 1
-                if err:
-                    errors.append(err)
-                if reason and reason != "stopped":
-                    stopped = stopped or reason
-                    stop_ev.set()
-            except Exception:  # noqa: BLE001 (queue.Empty)
-                pass
-            if opts.watch and not stopped:
-                r = opts.watch()
-                if r:
-                    stopped = r
-                    stop_ev.set()
-            if display:
-                c = list(counters)
-                sums = [sum(c[i::4]) for i in range(4)]
-                display.update(*sums, _recent_ttfts(req_path))
-        if errors and not stopped:
-            stopped = "worker failed: " + errors[0]
-    finally:
-        signal.signal(signal.SIGINT, old)
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.terminate()
-        if display:
-            display.close()
-        if scraper:
-            scraper.stop()
-    return stopped, cfg.model
-
-
-def _recent_ttfts(req_path: Path, tail_bytes: int = 1 << 18) -> list[float]:
-    try:
-        with open(req_path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - tail_bytes))
-            lines = f.read().splitlines()[1:]
-    except OSError:
-        return []
-    out = []
-    for line in lines[-2000:]:
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if r.get("status") == "ok" and r.get("first_token_s") is not None:
-            out.append((r["first_token_s"] - r["scheduled_s"]) * 1000.0)
-    return out

@@ -14,15 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.drivers.locust.collect import Collector, bucket_3_significant, quantile
+from loadgen.drivers.locust.collect import Collector, bucket_3_significant
 from loadgen.drivers.locust.plan import plan_from_scenario, plan_from_specs, shard
+from loadgen.results.latency import quantile
 from loadgen.results.records import read_records
 from loadgen.results.summary import summarize
 from loadgen.scenario.parse import load_scenario
 from loadgen.target.embedded import EmbeddedEngine
 from tests.helpers import ENV, REPO, slobench
 
-LOCUSTFILE = REPO / "loadgen" / "locust" / "locustfile.py"
+LOCUSTFILE = REPO / "loadgen" / "drivers" / "locust" / "locustfile.py"
 KEYS = {"id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "prompt_tokens",
         "output_tokens", "status", "http_status", "error", "server"}
 
@@ -204,7 +205,12 @@ def test_locust_and_aiohttp_drivers_agree_on_ttft(mock_server, tmp_path):
 
 
 def test_capacity_step_call_puts_records_on_the_callers_clock(mock_server, tmp_path):
-    from loadgen.drivers.locust.driver import run_stage
+    """The Locust driver through the driver protocol, as a capacity step uses it: records on the caller's
+    clock, with the step's stage, handed to the caller's sink as they arrive."""
+    from loadgen.capacity.step import StepRecordWriter
+    from loadgen.drivers.event_loop import run_sync
+    from loadgen.drivers.http_request import ClientConfig
+    from loadgen.drivers.locust.driver import LocustDriver
 
     url = mock_server("--ttft-ms", 10, "--itl-ms", 1, "--tokens", 3)
     specs, _ = load_scenario(scenario(tmp_path, "name: st\nworkload: {input_len: 4, output_len: 3}\n"
@@ -213,8 +219,18 @@ def test_capacity_step_call_puts_records_on_the_callers_clock(mock_server, tmp_p
     start = 3.0  # Locust needs a moment to start; the step begins at t0 + 3 s on our clock
     for s in specs:
         s.arrival_s += start
-    recs = run_stage(specs, url, tmp_path / "step", stage=4, start_s=start, t0=t0,
-                     records_path=tmp_path / "all.jsonl")
+    sink = StepRecordWriter(tmp_path / "all.jsonl")
+    driver = LocustDriver(ClientConfig(url), sink, tmp_path / "step")
+
+    async def step():
+        await driver.open()
+        await driver.run(specs, t0=t0, stage=4)
+        await driver.close()
+
+    run_sync(step)
+    sink.close()
+    recs = sink.step_records
+    assert driver.in_flight() is None and driver.abort_reason is None
     assert len(recs) == 20 and {r.stage for r in recs} == {4} and all(r.status == "ok" for r in recs)
     sched = np.array([r.scheduled_s for r in recs])
     assert np.allclose(np.sort(sched), [s.arrival_s for s in specs])
@@ -222,3 +238,4 @@ def test_capacity_step_call_puts_records_on_the_callers_clock(mock_server, tmp_p
     assert late.min() >= 0 and np.median(late) < 0.02
     assert len(read_records(tmp_path / "all.jsonl")) == 20
     assert summarize([json.loads(r.to_json()) for r in recs])["completed"] == 20
+    assert driver.progress.done == 20 and driver.progress.errors == 0

@@ -12,97 +12,49 @@ from the scheduled time, never from a late send.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import gc
-import json
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 import aiohttp
 
+from loadgen.drivers.base import Progress, RecordSink
+from loadgen.drivers.event_loop import now
+from loadgen.drivers.http_request import ClientConfig, build_body, error_text
 from loadgen.drivers.sse import StreamError
 from loadgen.drivers.stream_recorder import StreamRecorder
-from loadgen.results.records import RecordWriter, RequestRecord
+from loadgen.results.records import RequestRecord
+from loadgen.target.discovery import discover_model
 from loadgen.workload.specs import RequestSpec
 
 
-@dataclass(slots=True)
-class ClientConfig:
-    target: str  # base URL, e.g. http://127.0.0.1:8000
-    model: str | None = None  # None: the first id of GET /v1/models
-    max_connections: int = 0  # 0: unlimited
-    read_timeout_s: float | None = 300.0  # longest silence inside a stream; no total timeout
-    connect_timeout_s: float = 10.0
-    api_key: str | None = None
-    send_tier: bool = True  # send the request's tier as service_tier
-    stage: int = 0
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    abort_after_conn_errors: int = 10  # consecutive connection failures that end the run (0: never)
-
-
-@dataclass(slots=True)
-class Progress:
-    sent: int = 0
-    in_flight: int = 0
-    done: int = 0
-    errors: int = 0
-    ttft_ms: deque = field(default_factory=lambda: deque(maxlen=2000))
-
-
-class TargetError(RuntimeError):
-    """The target cannot be used (unreachable, no models, died mid-run)."""
-
-
-def now() -> float:
-    return time.monotonic()
-
-
-def build_body(spec: RequestSpec, cfg: ClientConfig, model: str) -> tuple[str, bytes]:
-    """The endpoint path and JSON body for one request."""
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": spec.max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if spec.ignore_eos:
-        body["ignore_eos"] = True
-    if cfg.send_tier and spec.tier:
-        body["service_tier"] = spec.tier
-    if spec.kind == "chat":
-        path = "/v1/chat/completions"
-        body["messages"] = spec.prompt
-    else:
-        path = "/v1/completions"
-        body["prompt"] = spec.prompt_value()
-    if cfg.extra_body:
-        body.update(cfg.extra_body)
-    return path, json.dumps(body, separators=(",", ":")).encode()
-
-
-async def discover_model(session: aiohttp.ClientSession, target: str) -> str:
-    try:
-        async with session.get(target + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
-            if r.status != 200:
-                raise TargetError(f"GET {target}/v1/models returned HTTP {r.status}; pass --model")
-            data = (await r.json()).get("data") or []
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        raise TargetError(f"cannot reach {target}: {type(e).__name__}: {e}") from e
-    if not data:
-        raise TargetError(f"{target}/v1/models lists no model; pass --model")
-    return data[0]["id"]
+def cycle_until(specs: Iterable[RequestSpec], stop: Callable[[], bool]) -> Iterator[RequestSpec]:
+    """Closed loop with a deadline: the specs in order, then again with new ids, until ``stop()``."""
+    specs = list(specs)
+    k = 0
+    while specs:
+        for s in specs:
+            if stop():
+                return
+            yield s if k == 0 else dataclasses.replace(s, id=f"{s.id}-{k}")
+        k += 1
 
 
 class Replayer:
-    def __init__(self, cfg: ClientConfig, writer: RecordWriter, progress: Progress | None = None):
+    """The in-process aiohttp driver (``drivers.base.Driver``)."""
+
+    name = "aiohttp"
+    start_lead_s = 0.05
+    measures_in_flight = True
+
+    def __init__(self, cfg: ClientConfig, sink: RecordSink, progress: Progress | None = None):
         self.cfg = cfg
-        self.writer = writer
+        self.sink = sink
         self.progress = progress or Progress()
         self.model = cfg.model
         self.abort_reason: str | None = None
+        self.stage = 0
+        self._no_more = False  # stop_sending(): the feed ends, what is in flight finishes
         self._tasks: set[asyncio.Task] = set()
         self._active: dict[asyncio.Task, RequestRecord] = {}  # requests in flight, for the watchdog
         self._session: aiohttp.ClientSession | None = None
@@ -123,16 +75,20 @@ class Replayer:
             headers=self._headers,
         )
         if self.model is None:
-            self.model = await discover_model(self._session, self.cfg.target)
+            loop = asyncio.get_running_loop()
+            self.model = await loop.run_in_executor(None, discover_model, self.cfg.target)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    def active_records(self) -> list[RequestRecord]:
+    def in_flight(self) -> list[RequestRecord]:
         """The records of the requests in flight now (a live view for monitors; do not modify)."""
         return list(self._active.values())
+
+    def stop_sending(self) -> None:
+        self._no_more = True
 
     def stop(self, reason: str | None = None) -> None:
         """End the run now: nothing more is sent, requests in flight are recorded as cancelled."""
@@ -143,23 +99,25 @@ class Replayer:
 
     # -------------------------------------------------------------- running
 
-    async def run(
-        self, specs: Sequence[RequestSpec], t0: float | None = None, concurrency: int = 0,
-        on_start: Callable[[float], None] | None = None, start_delay_s: float = 0.05,
-    ) -> None:
-        """Send ``specs`` (sorted by ``arrival_s``) open-loop from ``t0``, or closed-loop with
-        ``concurrency`` users; returns when every request has ended or the run was stopped. Without
-        ``t0`` the run starts ``start_delay_s`` after set-up; ``on_start(t0)`` is called before it."""
+    async def run(self, specs: Iterable[RequestSpec], *, t0: float | None = None, stage: int = 0,
+                  concurrency: int = 0, until_s: float | None = None,
+                  on_start: Callable[[float], None] | None = None) -> None:
+        """``Driver.run``. Without ``t0`` the run starts ``start_lead_s`` from now; ``on_start(t0)`` is
+        called before it (to start a scraper on the same instant)."""
         if self._session is None:
             await self.open()
         self._stop = asyncio.Event()
+        self._no_more = False
+        self.stage = stage
         gc.collect()
         gc.freeze()  # long-lived objects leave the collector's view: no long GC pauses mid-run
         old_threshold = gc.get_threshold()
         gc.set_threshold(50_000, 50, 100)
-        self.t0 = now() + start_delay_s if t0 is None else t0
+        self.t0 = now() + self.start_lead_s if t0 is None else t0
         if on_start:
             on_start(self.t0)
+        if concurrency and until_s is not None:
+            specs = cycle_until(specs, lambda: now() - self.t0 >= until_s)
         main = asyncio.ensure_future(self._closed(specs, concurrency) if concurrency else self._open(specs))
         stopper = asyncio.ensure_future(self._stop.wait())
         dog = asyncio.ensure_future(self._watchdog())
@@ -185,10 +143,12 @@ class Replayer:
                     rec.status, rec.error = "timeout", f"no data for {limit:g}s"
                     task.cancel()
 
-    async def _open(self, specs: Sequence[RequestSpec]) -> None:
+    async def _open(self, specs: Iterable[RequestSpec]) -> None:
         loop = asyncio.get_running_loop()
         t0 = self.t0
         for spec in specs:
+            if self._no_more:
+                break
             path, body = build_body(spec, self.cfg, self.model)  # built before its send time comes
             # uvloop's timers have 1 ms resolution and may fire a little early: never send early
             while (delay := t0 + spec.arrival_s - now()) > 0:
@@ -199,11 +159,13 @@ class Replayer:
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _closed(self, specs: Sequence[RequestSpec], concurrency: int) -> None:
+    async def _closed(self, specs: Iterable[RequestSpec], concurrency: int) -> None:
         it = iter(specs)
 
         async def user() -> None:
             for spec in it:
+                if self._no_more:
+                    return
                 path, body = build_body(spec, self.cfg, self.model)
                 await self._one(spec, now() - self.t0, path, body)
 
@@ -214,7 +176,7 @@ class Replayer:
     async def _one(self, spec: RequestSpec, scheduled_s: float, path: str, body: bytes) -> None:
         t0 = self.t0
         prog = self.progress
-        rec = RequestRecord(spec.id, self.cfg.stage, spec.tier, scheduled_s, prompt_tokens=spec.prompt_tokens)
+        rec = RequestRecord(spec.id, self.stage, spec.tier, scheduled_s, prompt_tokens=spec.prompt_tokens)
         prog.sent += 1
         prog.in_flight += 1
         task = asyncio.current_task()
@@ -226,7 +188,7 @@ class Replayer:
                 self._conn_errors_in_a_row = 0
                 if resp.status != 200:
                     rec.status = "rejected" if resp.status == 429 else "http_error"
-                    rec.error = _error_text(await resp.read(), resp.status)
+                    rec.error = error_text(await resp.read(), resp.status)
                 else:
                     await self._stream(resp, rec)
         except asyncio.CancelledError:
@@ -252,12 +214,8 @@ class Replayer:
             rec.done_s = now() - t0
             self._active.pop(task, None)
             prog.in_flight -= 1
-            prog.done += 1
-            if rec.status != "ok":
-                prog.errors += 1
-            elif rec.first_token_s is not None:
-                prog.ttft_ms.append((rec.first_token_s - scheduled_s) * 1000.0)
-            self.writer.write(rec)
+            prog.finished(rec)
+            self.sink.write(rec)
 
     async def _stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
         t0 = self.t0
@@ -265,37 +223,3 @@ class Replayer:
         async for data in resp.content.iter_any():
             recorder.feed(data, now() - t0)
         recorder.close()
-
-
-def _error_text(raw: bytes, status: int) -> str:
-    try:
-        obj = json.loads(raw)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        msg = err.get("message") if isinstance(err, dict) else None
-        return f"HTTP {status}: {msg or json.dumps(err)[:300]}"
-    except ValueError:
-        return f"HTTP {status}: {raw[:300].decode('utf-8', 'replace')}"
-
-
-@contextlib.contextmanager
-def uvloop_policy():
-    """Use uvloop when it is installed (it is a declared dependency on Linux/macOS)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover
-        yield asyncio.new_event_loop
-        return
-    yield uvloop.new_event_loop
-
-
-def run_sync(coro_factory: Callable[[], Any]) -> Any:
-    """Run a coroutine on a fresh uvloop event loop."""
-    with uvloop_policy() as new_loop:
-        loop = new_loop()
-        try:
-            asyncio.set_event_loop(loop)
-            return loop.run_until_complete(coro_factory())
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            asyncio.set_event_loop(None)
-            loop.close()

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from loadgen.drivers.locust.plan import Plan
+from loadgen.results import latency
 
 COUNTERS = ("sent", "done", "in_flight", "ok", "errors", "output_tokens")
 
@@ -74,17 +73,6 @@ def bucket_3_significant(response_time: float) -> float:
     return round(response_time, digits) if digits > 0 else int(round(response_time, digits))
 
 
-def quantile(values: list[float], q: float) -> float:
-    """numpy's linear interpolation (as ``p99_ttft_ms`` in the summary); ``inf`` when it reaches a
-    failed request."""
-    v = np.sort(np.asarray(values, dtype=float))
-    pos = q * (v.size - 1)
-    lo, hi = int(math.floor(pos)), int(math.ceil(pos))
-    if not math.isfinite(v[hi]):
-        return math.inf
-    return float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
-
-
 class Collector:
     """The master's view: every record (written to ``requests.jsonl`` as it arrives), counters summed
     over the sending processes, and per-stage TTFT samples for the SLO."""
@@ -130,13 +118,11 @@ class Collector:
         k = r["stage"]
         self.gathered_by_stage[k] += 1
         st = self._stages.get(k)
-        if r["status"] == "cancelled" or st is None or r["scheduled_s"] < st.start_s + self.warmup_s:
+        if st is None or r["scheduled_s"] < st.start_s + self.warmup_s:
             return
-        if r["status"] == "ok" and r["first_token_s"] is not None:
-            v = (r["first_token_s"] - r["scheduled_s"]) * 1000.0
-        else:
-            v = math.inf  # a 429, an error: the promise was broken
-        self.ttft[k][r["tier"]].append(v)
+        # the SLO rule of latency.slo_value: a 429 or an error counts as inf, a request cut off at the end as
+        # the time it had waited (a lower bound), as in the capacity search
+        self.ttft[k][r["tier"]].append(latency.slo_value(r, "ttft_ms"))
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -189,7 +175,7 @@ class Collector:
             if not vals:
                 out.append(TierJudgement(tier, thr, 0, None, False, False))
                 continue
-            val = quantile(vals, self.q)
+            val = latency.quantile(vals, self.q)
             broken = (val > thr) if final else certain
             out.append(TierJudgement(tier, thr, len(vals), val if math.isfinite(val) else None, broken,
                                      certain and not final))

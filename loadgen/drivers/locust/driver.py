@@ -1,26 +1,30 @@
-"""Run a Locust process for slobench's own commands (``slobench run --driver locust``, the capacity search).
+"""Locust as a slobench driver (``slobench run --driver locust``, ``slobench capacity --driver locust``).
 
 Locust monkey-patches the standard library with gevent when it is imported, so it never runs inside
-slobench's asyncio process: this module writes the request specs to a file, starts
-``python -m locust -f loadgen/drivers/locust/locustfile.py --headless --slobench-specs FILE`` (``--processes N``
-for more load generators), and reads back the records its master gathered into ``requests.jsonl``, in
-the same format as the aiohttp replayer's. Importing this module does not import Locust.
+slobench's asyncio process: :class:`LocustDriver` writes each run's request specs to a file, starts
+``python -m locust -f loadgen/drivers/locust/locustfile.py --headless --slobench-specs FILE``
+(``--processes N`` for more load generators) on slobench's own clock (``--slobench-t0``), and follows
+the ``requests.jsonl`` its master writes, handing each record to the run's sink as it arrives (within
+about a second: workers report once a second). Importing this module does not import Locust.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from loadgen.drivers.base import Progress, RecordSink
+from loadgen.drivers.http_request import ClientConfig
 from loadgen.drivers.locust.plan import write_specs
-from loadgen.results.records import RequestRecord, read_records
+from loadgen.results.records import RequestRecord
+from loadgen.target.discovery import discover_model
 from loadgen.workload.specs import RequestSpec
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
@@ -32,22 +36,11 @@ class LocustRunError(RuntimeError):
     pass
 
 
-def discover_model(target: str, timeout: float = 10.0) -> str:
-    from loadgen.drivers.replayer import TargetError
-
-    try:
-        with urllib.request.urlopen(target.rstrip("/") + "/v1/models", timeout=timeout) as r:  # noqa: S310
-            data = json.loads(r.read()).get("data") or []
-    except OSError as e:
-        raise TargetError(f"cannot reach {target}: {type(e).__name__}: {e}") from e
-    if not data:
-        raise TargetError(f"{target}/v1/models lists no model; pass --model")
-    return data[0]["id"]
-
-
 def locust_command(target: str, out_dir: Path, specs_path: Path, *, processes: int = 1, max_connections: int = 0,
                    read_timeout_s: float | None = 300.0, drain_s: float | None = None,
                    extra: Sequence[str] = ()) -> list[str]:
+    """The headless Locust command line; ``drain_s`` (how long in-flight requests may take after the last
+    send) defaults to the read timeout."""
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", target,
            "--slobench-specs", str(specs_path), "--slobench-out", str(out_dir), "--slobench-no-summary",
            "--slobench-no-slo-stop", "--only-summary", "--loglevel", "WARNING"]
@@ -67,7 +60,8 @@ class LocustProcess:
     def __init__(self, specs: Sequence[RequestSpec], target: str, out_dir: str | Path, *, model: str | None = None,
                  concurrency: int = 0, processes: int = 1, stage: int = 0, max_connections: int = 0,
                  read_timeout_s: float | None = 300.0, tier_slos: dict | None = None, start_s: float = 0.0,
-                 duration_s: float | None = None, t0: float | None = None, extra: Sequence[str] = ()):
+                 duration_s: float | None = None, t0: float | None = None, drain_s: float | None = None,
+                 extra: Sequence[str] = ()):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.target = target.rstrip("/")
@@ -78,7 +72,8 @@ class LocustProcess:
         extra = [*extra, "--slobench-t0", repr(t0)] if t0 is not None else list(extra)
         (self.out_dir / "start.json").unlink(missing_ok=True)
         self.cmd = locust_command(self.target, self.out_dir, self.specs_path, processes=processes,
-                                  max_connections=max_connections, read_timeout_s=read_timeout_s, extra=extra)
+                                  max_connections=max_connections, read_timeout_s=read_timeout_s, drain_s=drain_s,
+                                  extra=extra)
         self.proc: subprocess.Popen | None = None
         self._log = None
 
@@ -129,94 +124,101 @@ class LocustProcess:
         return "\n".join(lines)
 
 
-def run_locust(specs: Sequence[RequestSpec], opts, req_path: Path, met_path: Path) -> tuple[str | None, str | None]:
-    """``runner.execute``'s Locust path: the same inputs and outputs as its aiohttp paths (records in
-    ``req_path``, the scrape in ``met_path``); returns (why it stopped early or None, model)."""
-    from loadgen.target.scrape import Scraper
+class RecordFollower:
+    """Reads the records a Locust master appends to its ``requests.jsonl``, as they come."""
 
-    cfg = opts.client
-    lp = LocustProcess(specs, cfg.target, req_path.parent, model=cfg.model, concurrency=opts.concurrency,
-                       processes=opts.workers, stage=cfg.stage, max_connections=cfg.max_connections,
-                       read_timeout_s=cfg.read_timeout_s, tier_slos=opts.tier_slos)
-    scraper = Scraper(cfg.target, met_path).start() if opts.scrape else None
-    stopped: str | None = None
-    scraping = False
-    display = None
-    old = signal.getsignal(signal.SIGINT)
+    def __init__(self, path: Path):
+        self.path = path
+        self._pos = 0
+        self._rest = b""
 
-    def on_sigint(*_):
-        nonlocal stopped
-        stopped = stopped or "interrupted (Ctrl-C)"
-        lp.stop()
-
-    def poll():
-        nonlocal scraping, stopped
-        if scraper and not scraping and (t0 := lp.t0()) is not None:
-            scraper.go(t0)
-            scraping = True
-        if opts.watch and not stopped and (reason := opts.watch()):
-            stopped = reason
-            lp.stop()
-        if display:
-            from loadgen.fixed_load import _recent_ttfts
-
-            ttfts = _recent_ttfts(req_path)
-            n = _count_lines(req_path)
-            display.update(n, 0, n, 0, ttfts)
-
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        lp.start()
-        if opts.progress:
-            from loadgen.fixed_load import _Display
-
-            display = _Display(len(specs))
-        rc = lp.wait(poll)
-    finally:
-        signal.signal(signal.SIGINT, old)
-        if display:
-            display.close()
-        if scraper:
-            scraper.stop()
-    if rc not in (0, 1) and not stopped:  # 1: Locust's "some requests failed", the records say which
-        stopped = f"locust exited with code {rc}: {lp.log_tail(5)}"
-    return stopped, lp.model
+    def new_records(self) -> list[RequestRecord]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._pos)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._pos += len(data)
+        *lines, self._rest = (self._rest + data).split(b"\n")
+        return [RequestRecord(**json.loads(line)) for line in lines if line.strip()]
 
 
-def run_stage(specs: Sequence[RequestSpec], target: str, out_dir: str | Path, *, stage: int = 0,
-              concurrency: int = 0, start_s: float = 0.0, duration_s: float | None = None, t0: float | None = None,
-              processes: int = 1, model: str | None = None, records_path: str | Path | None = None,
-              max_connections: int = 0, read_timeout_s: float | None = 300.0, drain_s: float | None = None,
-              timeout_s: float | None = None) -> list[RequestRecord]:
-    """One fixed-load stage through Locust, for the capacity search; returns its records (``stage`` set).
+class LocustDriver:
+    """``drivers.base.Driver`` through one headless Locust run per ``run()`` (``processes`` load
+    generators), in ``work_dir/stageK/``. Locust cannot stop sending without stopping: ``stop_sending()``
+    ends the run like ``stop()`` (requests in flight are recorded as cancelled), and ``in_flight()`` is
+    None, so a capacity step driven by Locust never stops early. ``progress.sent`` counts records
+    received."""
 
-    Open loop: each spec is sent at its ``arrival_s``; closed loop: ``concurrency`` users go through the
-    specs (round them until ``start_s + duration_s`` when ``duration_s`` is given). With ``t0`` (a
-    ``time.monotonic()`` instant of this machine, e.g. the search's clock) every time, ``arrival_s``
-    included, is on that clock, so the stage's records join the search's timeline as they are; leave
-    Locust a couple of seconds to start (``start_s`` >= now + 2 s, 3 s with ``processes`` > 1): a
-    request whose time has passed is sent late and its lateness recorded. With ``records_path`` the
-    records are also appended there. Raises :class:`LocustRunError` when Locust fails."""
-    out_dir = Path(out_dir)
-    lp = LocustProcess(specs, target, out_dir, model=model, concurrency=concurrency, processes=processes,
-                       stage=stage, max_connections=max_connections, read_timeout_s=read_timeout_s,
-                       start_s=start_s, duration_s=duration_s, t0=t0,
-                       extra=["--slobench-drain-s", str(drain_s)] if drain_s is not None else ())
-    rc = lp.start().wait(timeout_s=timeout_s)
-    path = out_dir / "requests.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    if rc not in (0, 1) and not lines:
-        raise LocustRunError(f"locust exited with code {rc}:\n{lp.log_tail()}")
-    recs = [RequestRecord(**r) for r in read_records(path)] if lines else []
-    if records_path is not None and lines:
-        with open(records_path, "a", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
-    return recs
+    name = "locust"
+    measures_in_flight = False
 
+    def __init__(self, cfg: ClientConfig, sink: RecordSink, work_dir: str | Path, *, processes: int = 1,
+                 drain_s: float | None = None, tier_slos: dict | None = None, progress: Progress | None = None):
+        self.cfg, self.sink, self.work_dir = cfg, sink, Path(work_dir)
+        self.processes = processes
+        self.drain_s = drain_s
+        self.tier_slos = tier_slos or {}
+        self.model = cfg.model
+        self.progress = progress or Progress()
+        self.abort_reason: str | None = None
+        self.start_lead_s = 3.0 if processes > 1 else 2.0  # Locust's own start-up before the first send
+        self._proc: LocustProcess | None = None
+        self._stopped = False
 
-def _count_lines(path: Path) -> int:
-    try:
-        with open(path, "rb") as f:
-            return sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 16), b""))
-    except OSError:
-        return 0
+    async def open(self) -> None:
+        if self.model is None:
+            self.model = await asyncio.get_running_loop().run_in_executor(None, discover_model, self.cfg.target)
+
+    async def run(self, specs: Iterable[RequestSpec], *, t0: float, stage: int, concurrency: int = 0,
+                  until_s: float | None = None) -> None:
+        specs = list(specs)
+        start = min((s.arrival_s for s in specs), default=0.0)
+        out_dir = self.work_dir / f"stage{stage}"
+        (out_dir / "requests.jsonl").unlink(missing_ok=True)
+        cfg = self.cfg
+        self._stopped = False
+        lp = LocustProcess(specs, cfg.target, out_dir, model=self.model, concurrency=concurrency,
+                           processes=self.processes, stage=stage, max_connections=cfg.max_connections,
+                           read_timeout_s=cfg.read_timeout_s, tier_slos=self.tier_slos, start_s=start,
+                           duration_s=(until_s - start) if concurrency and until_s is not None else None,
+                           t0=t0, drain_s=self.drain_s)
+        follow = RecordFollower(out_dir / "requests.jsonl")
+        self._proc = lp.start()
+        rc = None
+        try:
+            while lp.proc.poll() is None:
+                self._take(follow.new_records())
+                await asyncio.sleep(0.2)
+        finally:
+            if lp.proc.poll() is None:  # cancelled: stop Locust, keep what it saved
+                lp.stop()
+            rc = await asyncio.get_running_loop().run_in_executor(None, lp.wait)
+            self._take(follow.new_records())
+            self._proc = None
+        if rc not in (0, 1) and not self._stopped:  # 1: Locust's "some requests failed", the records say which
+            self.abort_reason = self.abort_reason or f"locust exited with code {rc}: {lp.log_tail(5)}"
+
+    def _take(self, records: list[RequestRecord]) -> None:
+        for rec in records:
+            self.progress.sent += 1
+            self.progress.finished(rec)
+            self.sink.write(rec)
+
+    def in_flight(self) -> None:
+        return None  # in the Locust processes
+
+    def stop_sending(self) -> None:
+        self.stop()
+
+    def stop(self, reason: str | None = None) -> None:
+        if reason and not self.abort_reason:
+            self.abort_reason = reason
+        self._stopped = True
+        if self._proc is not None:
+            self._proc.stop()
+
+    async def close(self) -> None:
+        if self._proc is not None:
+            self.stop()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from locust.runners import MasterRunner
 from loadgen.drivers.locust.collect import Collector
 from loadgen.drivers.locust.plan import Plan
 from loadgen.drivers.locust.users import STATE, ClosedLoopUser, OpenLoopDriver, apply_client_settings, client_config
+from loadgen.target.discovery import discover_model
 
 log = logging.getLogger("slobench.locust")
 
@@ -57,6 +57,8 @@ class Control:
     def start(self, runner) -> None:
         env = self.env
         self.reset()
+        if not (self.plan.model or self.opts.get("model")) and not env.host:
+            raise RuntimeError("no --host given (the target's base URL)")
         model = self.plan.model or self.opts.get("model") or discover_model(env.host)
         self.opts["model"] = model
         out = Path(self.opts["out"])
@@ -219,16 +221,6 @@ def stop_local(cancel: bool) -> None:
     STATE.stop_sending = True
     if cancel:
         STATE.cancel_in_flight()
-
-
-def discover_model(host: str | None) -> str:
-    if not host:
-        raise RuntimeError("no --host given (the target's base URL)")
-    with urllib.request.urlopen(host.rstrip("/") + "/v1/models", timeout=10) as r:  # noqa: S310 (target URL)
-        data = json.loads(r.read()).get("data") or []
-    if not data:
-        raise RuntimeError(f"{host}/v1/models lists no model; pass --slobench-model")
-    return data[0]["id"]
 
 
 class SLORampShape(LoadTestShape):

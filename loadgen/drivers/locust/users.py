@@ -33,11 +33,12 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from geventhttpclient.url import URL
 from locust import FastHttpUser, constant, task
 
+from loadgen.drivers.http_request import ClientConfig, build_body, error_text
 from loadgen.drivers.locust.collect import Tally
 from loadgen.drivers.locust.plan import Plan, Stage, shard
-from loadgen.drivers.replayer import ClientConfig, _error_text, build_body
 from loadgen.drivers.sse import StreamError
 from loadgen.drivers.stream_recorder import StreamRecorder
+from loadgen.results import latency
 from loadgen.results.records import RequestRecord
 
 now = time.monotonic
@@ -147,14 +148,14 @@ class _StreamingUser(FastHttpUser):
         resp = None
         try:
             rec.sent_s = now() - t0
-            late = (rec.sent_s - scheduled_s) * 1000.0
+            late = latency.lateness_ms(rec)
             if late > tally.late_max_ms:
                 tally.late_max_ms = late
             resp = http.request("POST", path, body=body, headers=st.cfg_headers)
             rec.http_status = resp.status_code
             if rec.http_status != 200:
                 rec.status = "rejected" if rec.http_status == 429 else "http_error"
-                rec.error = _error_text(resp.read(), rec.http_status)
+                rec.error = error_text(resp.read(), rec.http_status)
             else:
                 _stream(resp, rec, t0)
         except gevent.GreenletExit:
@@ -206,15 +207,13 @@ def _fire(events, rec: RequestRecord) -> None:
     ctx = {"id": rec.id, "stage": rec.stage, "tier": rec.tier}
     if rec.status == "ok" and rec.token_s:
         out = rec.output_tokens or 0
-        ttft = (rec.first_token_s - rec.scheduled_s) * 1000.0
-        e2e = (rec.token_s[-1] - rec.scheduled_s) * 1000.0
+        ttft, tpot, e2e = latency.ttft_ms(rec), latency.tpot_ms(rec), latency.e2el_ms(rec)
         fire(request_type="LLM", name="ttft", response_time=ttft, response_length=out, exception=None, context=ctx)
-        if out > 1:
-            fire(request_type="LLM", name="tpot", response_time=(e2e - ttft) / (out - 1), response_length=out,
-                 exception=None, context=ctx)
+        if tpot is not None:
+            fire(request_type="LLM", name="tpot", response_time=tpot, response_length=out, exception=None, context=ctx)
         fire(request_type="LLM", name="e2e", response_time=e2e, response_length=out, exception=None, context=ctx)
     else:
-        ms = ((rec.done_s or rec.scheduled_s) - rec.scheduled_s) * 1000.0
+        ms = 1000.0 * (latency.sojourn_s(rec) or 0.0)
         fire(request_type="LLM", name="e2e", response_time=ms, response_length=0,
              exception=RequestFailed(f"{rec.status}: {rec.error}"), context=ctx)
 

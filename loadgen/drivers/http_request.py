@@ -1,0 +1,58 @@
+"""What every driver sends and how it reads a refusal: the client settings, the OpenAI request body for
+one spec, and the one-line text of an error response. Shared by the aiohttp replayer and the Locust
+users, so both send byte-identical requests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadgen.workload.specs import RequestSpec
+
+
+@dataclass(slots=True)
+class ClientConfig:
+    target: str  # base URL, e.g. http://127.0.0.1:8000
+    model: str | None = None  # None: the first id of GET /v1/models
+    max_connections: int = 0  # 0: unlimited
+    read_timeout_s: float | None = 300.0  # longest silence inside a stream; no total timeout
+    connect_timeout_s: float = 10.0
+    api_key: str | None = None
+    send_tier: bool = True  # send the request's tier as service_tier
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    abort_after_conn_errors: int = 10  # consecutive connection failures that end the run (0: never)
+
+
+def build_body(spec: RequestSpec, cfg: ClientConfig, model: str) -> tuple[str, bytes]:
+    """The endpoint path and JSON body for one request."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": spec.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if spec.ignore_eos:
+        body["ignore_eos"] = True
+    if cfg.send_tier and spec.tier:
+        body["service_tier"] = spec.tier
+    if spec.kind == "chat":
+        path = "/v1/chat/completions"
+        body["messages"] = spec.prompt
+    else:
+        path = "/v1/completions"
+        body["prompt"] = spec.prompt_value()
+    if cfg.extra_body:
+        body.update(cfg.extra_body)
+    return path, json.dumps(body, separators=(",", ":")).encode()
+
+
+def error_text(raw: bytes, status: int) -> str:
+    """``HTTP 429: <the server's message>`` from an OpenAI error body (or the raw start of any other)."""
+    try:
+        obj = json.loads(raw)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        msg = err.get("message") if isinstance(err, dict) else None
+        return f"HTTP {status}: {msg or json.dumps(err)[:300]}"
+    except ValueError:
+        return f"HTTP {status}: {raw[:300].decode('utf-8', 'replace')}"
