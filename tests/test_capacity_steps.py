@@ -10,7 +10,8 @@ import pytest
 
 from loadgen.capacity.run import _deciding_steps
 from loadgen.capacity.search import CapacitySearch, StepResult
-from loadgen.capacity.step import _breakdown, _scraped, metric_value
+from loadgen.capacity.step_stats import scraped_step_metrics
+from loadgen.results.latency import breakdown, slo_value
 from loadgen.results.records import RequestRecord
 from loadgen.scenario.options import SearchConfig
 
@@ -22,18 +23,18 @@ def rec(status="ok", sched=10.0, first=10.2, tokens=(10.2, 10.3, 10.4), done=10.
 
 def test_metric_values_exact_failed_and_censored():
     r = rec()
-    assert metric_value(r, "ttft_ms") == pytest.approx(200) and metric_value(r, "e2el_ms") == pytest.approx(400)
-    assert metric_value(r, "tpot_ms") == pytest.approx(100)
+    assert slo_value(r, "ttft_ms") == pytest.approx(200) and slo_value(r, "e2el_ms") == pytest.approx(400)
+    assert slo_value(r, "tpot_ms") == pytest.approx(100)
     rej = rec(status="rejected", first=None, tokens=(), done=10.01, out=None)
-    assert metric_value(rej, "ttft_ms") == math.inf and metric_value(rej, "e2el_ms") == math.inf
+    assert slo_value(rej, "ttft_ms") == math.inf and slo_value(rej, "e2el_ms") == math.inf
     cut = rec(status="cancelled", first=None, tokens=(), done=12.0, out=None)  # waited 2 s, then the step ended
-    assert metric_value(cut, "ttft_ms") == pytest.approx(2000) and math.isnan(metric_value(cut, "tpot_ms"))
+    assert slo_value(cut, "ttft_ms") == pytest.approx(2000) and math.isnan(slo_value(cut, "tpot_ms"))
     live = rec(first=None, tokens=(), done=None, out=None)
-    assert metric_value(live, "ttft_ms", now_s=10.9) == pytest.approx(900)  # in flight: a lower bound
+    assert slo_value(live, "ttft_ms", now_s=10.9) == pytest.approx(900)  # in flight: a lower bound
     mid = rec(status="cancelled", first=10.3, tokens=(10.3,), done=11.0)  # cut while decoding: TTFT is known
-    assert metric_value(mid, "ttft_ms") == pytest.approx(300) and metric_value(mid, "e2el_ms") == pytest.approx(1000)
+    assert slo_value(mid, "ttft_ms") == pytest.approx(300) and slo_value(mid, "e2el_ms") == pytest.approx(1000)
     timeout = rec(status="timeout", first=None, tokens=(), done=400.0, out=None)
-    assert metric_value(timeout, "ttft_ms") == math.inf
+    assert slo_value(timeout, "ttft_ms") == math.inf
 
 
 def sample(t, q_sum, q_n, p_sum, d_sum, rej, kv, fill, running, waiting):
@@ -55,8 +56,8 @@ def test_breakdown_from_histogram_deltas_when_the_target_sends_no_timing():
                sample(3.0, 2.0, 20, 1.0, 10.0, 1, 0.3, 0.5, 5, 1),
                sample(5.0, 4.0, 30, 1.5, 15.0, 3, 0.5, 0.7, 7, 3),
                sample(9.0, 5.0, 40, 2.0, 20.0, 4, 0.1, 0.1, 1, 0)]
-    sc = _scraped(metrics, start=1.0, w0=2.0, w1=6.0, end=10.0)
-    hist = sc.pop("_hist")
+    sc = scraped_step_metrics(metrics, start=1.0, w0=2.0, w1=6.0, end=10.0)
+    hist = sc.pop("breakdown_histograms")
     assert hist["queue_ms"] == pytest.approx(4.0 / 30 * 1000)  # (5 - 1) s over (40 - 10) requests
     assert hist["prefill_ms"] == pytest.approx(1.5 / 30 * 1000) and hist["decode_ms"] == pytest.approx(500)
     assert sc["admission_rejections"] == 9  # (4 + 8) - (1 + 2), every tier
@@ -64,13 +65,13 @@ def test_breakdown_from_histogram_deltas_when_the_target_sends_no_timing():
     assert sc["batch_fill_ratio"] == pytest.approx(0.6)  # tiers summed, averaged over the window
     assert sc["server_running"] == pytest.approx(6) and sc["server_waiting"] == pytest.approx(2)
     window = [rec(first=10.3, server=None) for _ in range(3)]  # client TTFT 300 ms, no server timing
-    bd = _breakdown(window, hist)
-    assert bd["source"] == "metrics" and bd["network_ms"] == pytest.approx(300 - 133.333 - 50, abs=0.01)
+    bd = breakdown(window, hist)
+    assert bd["source"] == "metrics" and bd["mean_network_ms"] == pytest.approx(300 - 133.333 - 50, abs=0.01)
     timed = [rec(first=10.3, server={"queue_ms": 100.0, "prefill_ms": 150.0, "decode_ms": 200.0})]
-    bd = _breakdown(timed, hist)  # per-request timing wins over the scrape
-    assert bd["source"] == "timing" and bd["network_ms"] == pytest.approx(50) and bd["decode_ms"] == 200
-    assert _breakdown(window, {})["source"] is None
-    assert _scraped([], 0, 1, 2, 3)["kv_usage"] is None
+    bd = breakdown(timed, hist)  # per-request timing wins over the scrape
+    assert bd["source"] == "timing" and bd["mean_network_ms"] == pytest.approx(50) and bd["mean_decode_ms"] == 200
+    assert breakdown(window, {})["source"] is None
+    assert scraped_step_metrics([], 0, 1, 2, 3)["kv_usage"] is None
 
 
 def test_validity_rests_on_the_deciding_steps():

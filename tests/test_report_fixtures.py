@@ -115,8 +115,8 @@ def make_capacity_run(path: Path, *, knee: float = 8.0, scale: float = 1.0, erro
         passed = all(v["passed"] is not False for v in tiers.values())
         steps.append({"index": idx, "load": load, "phase": phase, "passed": passed, "stopped_early": load >= 16,
                       "duration_s": step_dur, "requests": n, "tiers": tiers,
-                      "breakdown": {"queue_ms": 20.0 * load, "prefill_ms": 30.0, "network_ms": 2.0,
-                                    "decode_ms": 140.0, "source": "timing"},
+                      "breakdown": {"mean_queue_ms": 20.0 * load, "mean_prefill_ms": 30.0, "mean_network_ms": 2.0,
+                                    "mean_decode_ms": 140.0, "source": "timing"},
                       "kv_usage": 0.05 * load, "batch_fill_ratio": min(1.0, load / 16), "admission_rejections":
                       0 if load < 16 else 5, "summary": s})
         t0 += step_dur + 0.5

@@ -21,7 +21,8 @@ def step_line(step: dict[str, Any], unit: str) -> str:
     verdict = "PASS" if step["passed"] else "FAIL"
     early = " (stopped early)" if step.get("stopped_early") else ""
     return (f"step {step['index']} {step['phase']:<6} load {step['load']:.3g} {unit}: {verdict}{early}  {tiers}  "
-            f"queue {_ms(bd.get('queue_ms'))} prefill {_ms(bd.get('prefill_ms'))} net {_ms(bd.get('network_ms'))} ms")
+            f"queue {_ms(bd.get('mean_queue_ms'))} prefill {_ms(bd.get('mean_prefill_ms'))} "
+            f"net {_ms(bd.get('mean_network_ms'))} ms")
 
 
 class CapacityDisplay:
@@ -64,7 +65,7 @@ class CapacityDisplay:
                 mark = "" if e.get("passed") is None else (" ✓" if e["passed"] else " ✗")
                 cells.append(f"{_ms(e.get('ttft_ms_q'))}{mark}")
             early = "*" if s.get("stopped_early") else ""
-            cells += [_ms(bd.get("queue_ms")), _ms(bd.get("prefill_ms")), _ms(bd.get("network_ms")),
+            cells += [_ms(bd.get("mean_queue_ms")), _ms(bd.get("mean_prefill_ms")), _ms(bd.get("mean_network_ms")),
                       _pct(s.get("kv_usage")), _pct(s.get("batch_fill_ratio")),
                       ("[green]pass[/]" if s["passed"] else "[red]FAIL[/]") + early]
             t.add_row(*cells)

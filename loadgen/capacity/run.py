@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step
 from loadgen.capacity.step import CapacityRunner
-from loadgen.drivers.replayer import run_sync
+from loadgen.drivers.event_loop import run_sync
+from loadgen.results.rundir import write_summary
 from loadgen.results.runmeta import now_iso, run_metadata
 from loadgen.scenario.model import Scenario
 
@@ -128,20 +127,6 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _write(run_dir: Path, summary: dict[str, Any]) -> None:
-    tmp = run_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
-    tmp.replace(run_dir / "summary.json")
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    return str(o)
-
-
 def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = None,
                  engine_opts: dict[str, Any] | None = None, model: str | None = None, progress: bool = True,
                  scenario_path: str | None = None, log: Callable[[str], None] | None = None,
@@ -209,7 +194,7 @@ async def _search_main(plan, run_dir, target, model, engine, display, meta, wall
                 break
             step: Step = search.record(load, res)
             display.end_step(res.detail | {"phase": step.phase})
-            _write(run_dir, build_summary(plan, search.outcome(), meta=meta, duration_s=time.monotonic() - wall0,
+            write_summary(run_dir, build_summary(plan, search.outcome(), meta=meta, duration_s=time.monotonic() - wall0,
                                           complete=False, stopped="in progress"))
     finally:
         loop.remove_signal_handler(signal.SIGINT)
@@ -217,7 +202,7 @@ async def _search_main(plan, run_dir, target, model, engine, display, meta, wall
     outcome = search.outcome()
     summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
                             complete=runner.stopped is None, stopped=runner.stopped)
-    _write(run_dir, summary)
+    write_summary(run_dir, summary)
     return CapacityResult(run_dir, summary, runner.stopped)
 
 

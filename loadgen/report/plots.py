@@ -13,11 +13,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from loadgen.report import data as d
+from loadgen.report.health import health as health_series
+from loadgen.report.health import step_spans
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 TIER_ORDER = ("premium", "standard", "basic")
-PARTS = (("queue_ms", "queue", "#9467bd"), ("prefill_ms", "prefill", "#1f77b4"),
-         ("network_ms", "network + frontend", "#bcbd22"), ("decode_ms", "decode", "#2ca02c"))
+PARTS = (("mean_queue_ms", "queue", "#9467bd"), ("mean_prefill_ms", "prefill", "#1f77b4"),
+         ("mean_network_ms", "network + frontend", "#bcbd22"), ("mean_decode_ms", "decode", "#2ca02c"))
 LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=40, b=50),
               legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0))
 
@@ -157,7 +159,7 @@ HEALTH_ROWS = (("ttft", "TTFT (ms)"), ("token_rate", "output tokens/s"), ("kv_us
 def health(run: d.RunData) -> tuple[go.Figure | None, list[str]]:
     """The five service-health signals over the run, one panel each; also the names of the signals with
     no data (said in the page)."""
-    sig = d.health(run)
+    sig = health_series(run)
     missing = [label for key, label in HEALTH_ROWS if not sig[key]]
     if len(missing) == len(HEALTH_ROWS):
         return None, missing
@@ -175,7 +177,7 @@ def health(run: d.RunData) -> tuple[go.Figure | None, list[str]]:
         legends[lg] = dict(x=1.01, xanchor="left", y=domain[1], yanchor="top", font=dict(size=11),
                            bgcolor="rgba(255,255,255,0.6)")
         f.update_yaxes(title_text=label.split(" (")[-1].rstrip(")") if "(" in label else "", row=row, col=1)
-    for k, (stage, a, _) in enumerate(d.step_spans(run)):
+    for k, (stage, a, _) in enumerate(step_spans(run)):
         f.add_vline(x=a, line=dict(color="#aaa", width=1, dash="dot"))
         if k < 40:
             f.add_annotation(x=a, y=1.0, yref="paper", text=f"#{stage}", showarrow=False, xanchor="left",

@@ -137,8 +137,8 @@ prefill); decode = the rest of the request on the server.{% if breakdown_source 
 <td>{{ num(e.p99_ttft_ms) }}</td><td>{% if e.ci_low_ms is not none and e.ci_high_ms is not none %}{{ num(e.ci_low_ms, 3) }}–{{
  num(e.ci_high_ms, 3) }}{% else %}–{% endif %}</td><td>{% if e.passed is sameas true %}<span class="pass">pass</span>
 {% elif e.passed is sameas false %}<span class="fail">fail</span>{% else %}–{% endif %}</td>{% endfor %}
-{% set b = st.breakdown or {} %}<td>{{ num(b.queue_ms) }}</td><td>{{ num(b.prefill_ms) }}</td>
-<td>{{ num(b.network_ms) }}</td><td>{{ num(b.decode_ms) }}</td><td>{{ num(st.kv_usage) }}</td>
+{% set b = st.breakdown or {} %}<td>{{ num(b.mean_queue_ms) }}</td><td>{{ num(b.mean_prefill_ms) }}</td>
+<td>{{ num(b.mean_network_ms) }}</td><td>{{ num(b.mean_decode_ms) }}</td><td>{{ num(st.kv_usage) }}</td>
 <td>{{ num(st.batch_fill_ratio) }}</td><td>{{ num(st.admission_rejections) }}</td></tr>
 {% endfor %}</table></div>
 {% else %}<p class="note">no load steps: the run recorded no requests.</p>{% endif %}

@@ -1,0 +1,183 @@
+"""The figures of one measured capacity step: each tier's SLO judgement on the step's window, the
+breakdown, concurrency (Little's law and measured), goodput, and what the target's ``/metrics`` said
+over the step. Every latency comes from ``results.latency``; every judgement from ``results.slo``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loadgen.capacity.plan import CapacityPlan
+from loadgen.results import latency
+from loadgen.results.records import RequestRecord
+from loadgen.results.scraped import breakdown_histogram_means, family
+from loadgen.results.slo import SLO, judge
+from loadgen.results.summary import summarize
+
+AGREE_REL = 0.10  # Little's law vs measured in-flight: relative agreement ...
+AGREE_ABS = 0.25  # ... or this many requests apart (tiny concurrencies)
+
+
+@dataclass
+class StepWindow:
+    """What happened in one step, on the run's clock (the inputs of ``step_detail``)."""
+
+    index: int
+    load: float
+    phase: str
+    start_s: float
+    w0: float  # the judged window: requests scheduled in [w0, w1)
+    w1: float
+    inflight: list[int] = field(default_factory=list)  # measured in-flight counts over the window
+    early: str | None = None  # "breach" | "pass" | None
+    stop_reason: str | None = None
+    stopped_at: float | None = None  # an early stop ends the window here
+    cut: bool = False  # requests still in flight at the end of the drain were cancelled
+
+    @property
+    def window_end(self) -> float:
+        return min(self.w1, self.stopped_at) if self.stopped_at is not None else self.w1
+
+
+def step_detail(plan: CapacityPlan, st: StepWindow, records: Sequence[RequestRecord], metrics: list[dict],
+                clock_s: float, wall_s: float) -> dict[str, Any]:
+    """The step's entry in ``summary.json["steps"]`` (``metrics``: the run's scrape so far)."""
+    w1 = st.window_end
+    window = [r for r in records if st.w0 <= r.scheduled_s < w1]
+    win_s = w1 - st.w0
+    names = list(plan.slos) + sorted({r.tier or "none" for r in window} - set(plan.slos))
+    tiers = {tier: tier_entry([r for r in window if (r.tier or "none") == tier], plan.slos.get(tier, []),
+                              plan.quantile(tier), plan.step.confidence, seed=st.index) for tier in names}
+    judged = [e["passed"] for e in tiers.values() if e["passed"] is not None]
+    margins = [math.inf if j["value_ms_q"] is None else j["value_ms_q"] / j["threshold_ms"]
+               for e in tiers.values() for j in e["judged"].values() if j["n"]]
+    passed = bool(judged) and all(judged) and st.early != "breach"
+    scraped = scraped_step_metrics(metrics, st.start_s, st.w0, w1, clock_s)
+    hist = scraped.pop("breakdown_histograms")
+    step_metrics = [m for m in metrics if st.start_s - 1.0 <= m["t"] <= clock_s]
+    summ = summarize([json.loads(r.to_json()) for r in window], goodput=plan.scenario.goodput or None,
+                     tier_slos=plan.scenario.tier_slos, lateness_bound_ms=plan.lateness_bound_ms,
+                     metrics=step_metrics)
+    ok = [r for r in window if latency.succeeded(r)]
+    arrivals = len(window) / win_s if win_s > 0 else None
+    sojourn = [s for r in window if (s := latency.sojourn_s(r)) is not None]
+    little = arrivals * float(np.mean(sojourn)) if sojourn and arrivals is not None else None
+    measured = float(np.mean(st.inflight)) if st.inflight else None
+    return {
+        "index": st.index, "load": st.load, "phase": st.phase, "passed": passed,
+        "stopped_early": st.early is not None, "early": st.early, "stop_reason": st.stop_reason,
+        # worst judged quantile / threshold (> 1: broken; a lower bound when stopped early); null: inf
+        "margin": (max(margins) if math.isfinite(max(margins)) else None) if margins else None,
+        "duration_s": round(wall_s, 3), "requests": len(window),
+        "window_s": [round(st.w0, 3), round(w1, 3)], "start_s": round(st.start_s, 3),
+        "offered_rps": arrivals, "throughput_rps": len(ok) / win_s if win_s > 0 else None,
+        "output_tok_s": sum(r.output_tokens or 0 for r in ok) / win_s if win_s > 0 else None,
+        "goodput_rps": goodput_rps(window, plan.slos, win_s),
+        "concurrency_littles_law": little, "concurrency_measured": measured,
+        "concurrency_agree": None if st.early == "breach" else agree(little, measured),  # not steady
+        "tiers": tiers,
+        "breakdown": latency.breakdown(window, hist),
+        **scraped,
+        "admission_rejections_client": sum(1 for r in window if r.status == "rejected"),
+        "cut_at_drain": st.cut and st.early != "breach",
+        "valid": bool(summ.get("valid")),
+        "load_avg_1m": load_avg(),  # a busy shared machine slows the target: context for outliers
+        "summary": summ,
+    }
+
+
+def load_avg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: float, seed: int) -> dict:
+    """One tier's window: the TTFT quantile the search looks at (failed requests at ``inf``), each judged
+    SLO with its confidence interval, and the successful requests' p50 / p99 TTFT."""
+    j = judge(latency.slo_values(rs, "ttft_ms"), SLO("ttft_ms", math.inf, q), confidence, seed=seed)
+    ok_ttft = [latency.ttft_ms(r) for r in rs if latency.succeeded(r)]
+    entry: dict[str, Any] = {
+        "requests": len(rs), "completed": sum(1 for r in rs if latency.succeeded(r)),
+        "quantile": q, "ttft_ms_q": j.value_ms, "ci_low_ms": j.ci_low_ms, "ci_high_ms": j.ci_high_ms,
+        "passed": None, "confident": None,
+        "p50_ttft_ms": latency.percentile(ok_ttft, 50), "p99_ttft_ms": latency.percentile(ok_ttft, 99),
+        "failed": j.failed, "censored": sum(1 for r in rs if r.status == "cancelled" and r.first_token_s is None),
+        "slo": [s.as_dict() for s in slos] or None, "judged": {},
+    }
+    if not slos or not rs:
+        return entry
+    verdicts = []
+    for slo in slos:
+        jj = judge(latency.slo_values(rs, slo.metric), slo, confidence, seed=seed)
+        entry["judged"][slo.metric] = {"value_ms_q": jj.value_ms, "ci_low_ms": jj.ci_low_ms,
+                                       "ci_high_ms": jj.ci_high_ms, "threshold_ms": slo.threshold_ms,
+                                       "passed": jj.passed, "confident": jj.confident, "over": jj.over,
+                                       "n": jj.n}
+        verdicts.append(jj)
+    entry["passed"] = all(v.passed for v in verdicts if v.passed is not None)
+    entry["confident"] = all(v.confident for v in verdicts)
+    return entry
+
+
+def goodput_rps(window: Sequence[RequestRecord], slos: dict[str, list[SLO]], win_s: float) -> float | None:
+    """Requests per second of the window that met every SLO of their tier (tiers without one: succeeded)."""
+    if win_s <= 0:
+        return None
+    good = sum(1 for r in window
+               if latency.meets(r, {s.metric: s.threshold_ms for s in slos.get(r.tier or "none", [])}))
+    return good / win_s
+
+
+def agree(a: float | None, b: float | None) -> bool | None:
+    if a is None or b is None:
+        return None
+    return abs(a - b) <= max(AGREE_REL * max(a, b), AGREE_ABS)
+
+
+def scraped_step_metrics(metrics: list[dict], start: float, w0: float, w1: float, end: float) -> dict[str, Any]:
+    """KV usage, batch fill ratio, server-side in-flight (window means), admission rejections (delta
+    over the whole step) and the breakdown histograms' means (``breakdown_histograms``, deltas over the
+    whole step) from the scrape."""
+    win = [m["metrics"] for m in metrics if w0 <= m["t"] <= w1]
+    before = [m["metrics"] for m in metrics if m["t"] <= start]
+    during = [m["metrics"] for m in metrics if start < m["t"] <= end]
+    first = before[-1] if before else (during[0] if during else None)
+    last = during[-1] if during else None
+
+    def mean_of(names: tuple[str, ...], combine) -> float | None:
+        vals = []
+        for s in win:
+            for n in names:
+                f = family(s, n)
+                if f:
+                    vals.append(combine(f))
+                    break
+        return float(np.mean(vals)) if vals else None
+
+    kv_names = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    kv = [max(family(s, kv_names[0]) or family(s, kv_names[1]) or [math.nan]) for s in win]
+    kv = [x for x in kv if not math.isnan(x)]
+    out: dict[str, Any] = {
+        "kv_usage": mean_of(kv_names, lambda f: float(np.mean(f))),
+        "kv_usage_max": max(kv) if kv else None,
+        "batch_fill_ratio": mean_of(("slobench:batch_fill_ratio",), sum),
+        "server_running": mean_of(("vllm:num_requests_running",), sum),
+        "server_waiting": mean_of(("vllm:num_requests_waiting",), sum),
+        "admission_rejections": None,
+        "breakdown_histograms": {},
+    }
+    if first is not None and last is not None:
+        rejected = family(last, "slobench:admission_rejections_total")
+        if rejected:
+            out["admission_rejections"] = int(round(sum(rejected) - sum(family(first,
+                                                                            "slobench:admission_rejections_total"))))
+        out["breakdown_histograms"] = breakdown_histogram_means(first, last)
+    return out
