@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
+from loadgen.results.latency import LATENESS_BOUND_MS
 
 __all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -141,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("summarize", help="rebuild summary.json from a run folder")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--goodput", nargs="+", metavar="NAME:MS")
-    p.add_argument("--lateness-bound-ms", type=float, default=10.0)
+    p.add_argument("--lateness-bound-ms", type=float, default=LATENESS_BOUND_MS)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("report", help="write report.html for a run folder, or compare two runs")

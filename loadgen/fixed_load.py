@@ -41,7 +41,7 @@ class RunOptions:
     progress: bool = True
     goodput: dict[str, float] = field(default_factory=dict)
     tier_slos: dict[str, dict[str, float]] = field(default_factory=dict)
-    lateness_bound_ms: float = 10.0
+    lateness_bound_ms: float = latency.LATENESS_BOUND_MS
     watch: Callable[[], str | None] | None = None  # returns a reason to stop (e.g. the engine died)
     meta: dict[str, Any] = field(default_factory=dict)
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from loadgen.capacity.run import _deciding_steps
+from loadgen.capacity.run import deciding_steps
 from loadgen.capacity.search import CapacitySearch, StepResult
 from loadgen.capacity.step_stats import scraped_step_metrics
 from loadgen.results.latency import breakdown, slo_value
@@ -74,9 +74,9 @@ def test_breakdown_from_histogram_deltas_when_the_target_sends_no_timing():
     assert scraped_step_metrics([], 0, 1, 2, 3)["kv_usage"] is None
 
 
-def test_validity_rests_on_the_deciding_steps():
+def test_validity_rests_on_thedeciding_steps():
     s = CapacitySearch(SearchConfig(start=1, growth=2, tolerance=0.3))
     out = s.run(lambda load, phase: StepResult(load <= 5))
-    deciding = _deciding_steps(out)
+    deciding = deciding_steps(out)
     loads = {i: out.steps[i].load for i in deciding}
     assert sorted(loads.values()) == [out.rated_load, out.first_fail_load]

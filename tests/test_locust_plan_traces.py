@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from loadgen.capacity.plan import step_specs
 from loadgen.drivers.locust.plan import plan_from_scenario
 from loadgen.scenario.parse import load_scenario
+from loadgen.scenario.steps import step_specs
 from loadgen.workload.traces import load_trace
 from tests.helpers import REPO
 

@@ -2,7 +2,7 @@
 
 ``make_capacity_run`` writes a capacity search (ramp then bisect) with two tiers whose TTFT grows with
 load; ``make_fixed_run`` a single-level ``slobench run``. Both use the record and summary contracts of
-DESIGN.md / issue 5, so the report code is tested against what the measuring code writes.
+docs/ARCHITECTURE.md, so the report code is tested against what the measuring code writes.
 """
 
 from __future__ import annotations

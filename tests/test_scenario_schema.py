@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadgen.capacity.plan import CapacityPlan, step_specs
+from loadgen.capacity.plan import CapacityPlan
 from loadgen.scenario.engine_options import ENGINE_OPTIONS
 from loadgen.scenario.model import ScenarioError
 from loadgen.scenario.parse import apply_override, load_scenario, parse_scenario
+from loadgen.scenario.steps import step_specs
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))

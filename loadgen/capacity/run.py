@@ -82,7 +82,7 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
     late = [st["summary"].get("client_lateness", {}) for st in steps]
     p99s = [x.get("p99_ms") for x in late if x.get("p99_ms") is not None]
     invalid = [st["index"] for st in steps if not st.get("valid")]
-    deciding = _deciding_steps(outcome)
+    deciding = deciding_steps(outcome)
     bad = [i for i in invalid if i in deciding]
     s: dict[str, Any] = {
         **meta,
@@ -111,7 +111,7 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
     return s
 
 
-def _deciding_steps(outcome: SearchOutcome) -> list[int]:
+def deciding_steps(outcome: SearchOutcome) -> list[int]:
     """The steps the verdict rests on: the rated step and the first failure above it (rated), the
     highest pass (never_broke), every step (never_met). A late client elsewhere does not change it."""
     if outcome.verdict == "never_met":

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loadgen.capacity.early_stop import breach_reason, clear_pass_reason, min_window_s
-from loadgen.capacity.plan import CapacityPlan, step_specs
+from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import StepResult
 from loadgen.capacity.step_stats import StepWindow, step_detail
 from loadgen.drivers.base import Driver
@@ -31,6 +31,7 @@ from loadgen.drivers.http_request import ClientConfig
 from loadgen.results import latency
 from loadgen.results.records import RecordWriter, RequestRecord
 from loadgen.results.rundir import read_metrics
+from loadgen.scenario.steps import step_specs
 from loadgen.target.scrape import Scraper, scrape_once
 
 

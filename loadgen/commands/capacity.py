@@ -15,12 +15,13 @@ from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageE
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from loadgen.capacity.plan import CapacityPlan, step_specs
+    from loadgen.capacity.plan import CapacityPlan
     from loadgen.capacity.run import run_capacity
     from loadgen.results.rundir import json_default
     from loadgen.scenario.model import ScenarioError
     from loadgen.scenario.options import StepOptions
     from loadgen.scenario.parse import load_scenario
+    from loadgen.scenario.steps import step_specs
     from loadgen.target.discovery import TargetError
     from loadgen.target.embedded import EngineStartError
 

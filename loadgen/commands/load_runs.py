@@ -19,6 +19,7 @@ from loadgen.commands.common import (
     run_dir_from,
 )
 from loadgen.commands.summary_table import print_summary
+from loadgen.results.latency import LATENESS_BOUND_MS
 
 
 @dataclass
@@ -93,7 +94,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return execute_load_run(args, LoadRun(
         specs, name=args.trace.stem.split(".")[0], target=args.target, model=args.model,
         engine_opts=dict(args.engine_opt), goodput=goodput, tier_slos={}, workers=args.workers or 1,
-        max_connections=args.max_connections or 0, lateness_bound_ms=pick(args.lateness_bound_ms, 10.0),
+        max_connections=args.max_connections or 0, lateness_bound_ms=pick(args.lateness_bound_ms, LATENESS_BOUND_MS),
         concurrency=args.concurrency, read_timeout_s=300.0, meta={"trace": info.as_dict()}))
 
 

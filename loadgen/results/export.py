@@ -1,6 +1,6 @@
 """Export a run's records as ``requests.parquet`` (pyarrow) or ``requests.csv`` (without pyarrow).
 
-One row per request with the contract fields of DESIGN.md, the server timing flattened
+One row per request with the record fields of docs/ARCHITECTURE.md, the server timing flattened
 (``server_queue_ms``, ``server_prefill_ms``, ``server_decode_ms``) and the derived latencies in ms
 (``ttft_ms``, ``e2el_ms``, ``tpot_ms``, ``lateness_ms``; null where undefined, e.g. failed requests).
 ``token_s`` stays a list column in Parquet and becomes a JSON string in CSV. For pandas users:

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2el_ms")
+# a run whose p99 client lateness exceeds this did not keep its schedule: it is marked invalid
+LATENESS_BOUND_MS = 10.0
 BREAKDOWN_PARTS = ("queue", "prefill", "network", "decode")
 
 

@@ -1,4 +1,4 @@
-"""The per-request record of DESIGN.md, appended to ``requests.jsonl`` as each request ends."""
+"""The per-request record (docs/ARCHITECTURE.md, "Contracts"), appended to ``requests.jsonl`` as each request ends."""
 
 from __future__ import annotations
 

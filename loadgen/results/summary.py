@@ -73,7 +73,7 @@ def summarize(
     *,
     goodput: Mapping[str, float] | None = None,
     tier_slos: Mapping[str, Mapping[str, float]] | None = None,
-    lateness_bound_ms: float = 10.0,
+    lateness_bound_ms: float = latency.LATENESS_BOUND_MS,
     metrics: list[Mapping[str, Any]] | None = None,
     percentiles: Iterable[float] = (90, 99),
 ) -> dict[str, Any]:

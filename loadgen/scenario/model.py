@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadgen.results.latency import LATENESS_BOUND_MS
 from loadgen.results.slo import SLO
 from loadgen.scenario.options import SearchConfig, StepOptions
 from loadgen.workload.arrivals import Arrivals
@@ -90,7 +91,7 @@ class Scenario:
     max_connections: int = 0
     read_timeout_s: float | None = 300.0
     workers: int = 1
-    lateness_bound_ms: float = 10.0
+    lateness_bound_ms: float = LATENESS_BOUND_MS
     source: str = ""
     tier_quantiles: dict[str, float] = field(default_factory=dict)  # a tier's own SLO quantile
     search: SearchConfig | None = None  # for ``slobench capacity``

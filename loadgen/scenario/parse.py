@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from loadgen.results.latency import LATENESS_BOUND_MS
 from loadgen.scenario.engine_options import parse_engine_options
 from loadgen.scenario.model import SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
 from loadgen.scenario.options import AXES, SearchConfig, StepOptions
@@ -324,7 +325,7 @@ def _parse_client(c: MappingNode, s: Scenario) -> None:
     s.max_connections = c.get("max_connections", int, 0, min_value=0)
     s.read_timeout_s = c.get("read_timeout_s", (float, type(None)), 300.0, positive=True)
     s.workers = c.get("workers", int, 1, min_value=1)
-    s.lateness_bound_ms = c.get("lateness_bound_ms", float, 10.0, positive=True)
+    s.lateness_bound_ms = c.get("lateness_bound_ms", float, LATENESS_BOUND_MS, positive=True)
     c.check_unknown()
 
 

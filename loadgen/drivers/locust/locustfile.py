@@ -8,7 +8,7 @@
     # more load generators: --processes N here, or --master here and --worker --master-host H elsewhere
 
 Every ``--slobench-*`` option can also be set by its ``SLOBENCH_*`` environment variable. The run writes
-``requests.jsonl`` (the DESIGN.md record, the same as the aiohttp replayer's), ``summary.json``,
+``requests.jsonl`` (the record of docs/ARCHITECTURE.md, the same as the aiohttp replayer's), ``summary.json``,
 ``locust_stages.json`` (per-stage SLO verdicts) and ``start.json`` into ``--slobench-out``. Without a web
 UI open the load shape drives everything; with one, press Start and watch ``/slobench`` for the counters.
 

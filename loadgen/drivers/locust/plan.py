@@ -12,17 +12,13 @@ stages (``concurrency``) carry a pool of specs that their users take in turn.
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from loadgen.scenario.model import Scenario
 from loadgen.scenario.parse import load_scenario
-from loadgen.workload.arrivals import Arrivals
+from loadgen.scenario.steps import step_specs
 from loadgen.workload.specs import RequestSpec
 
 
@@ -138,7 +134,8 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
                        seed: int | None = None, model: str | None = None) -> Plan:
     """A scenario file as a plan. Without ``steps``: its ``load`` section, one stage, the same specs as
     ``slobench run``. With ``steps`` (loads on the scenario's axis: req/s for open-loop arrivals, users for
-    ``closed``): one stage of ``step_s`` seconds per load, each a fresh seeded schedule at that load."""
+    ``closed``): one stage of ``step_s`` seconds per load, each sending what a capacity step at that load
+    sends (``scenario.steps.step_specs``: one arrival pattern scaled to each load, fresh prompts)."""
     scn = load_scenario(path)
     if seed is not None:
         scn.seed = seed
@@ -154,36 +151,9 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
     if not step_s or not step_s > 0:
         raise ValueError("a ramp (--slobench-steps) needs --slobench-step-s > 0")
     stages = []
-    for k, load in enumerate(steps):
+    axis = "concurrency" if closed else "rate"
+    for k, load in enumerate(steps):  # each stage sends what a capacity step at that load sends
         start = k * step_s
-        sd = scn.seed + 1000 * k
-        if closed:
-            n = scn.requests or max(200, int(50 * load))
-            specs = scn.synthetic.generate(np.zeros(n), seed=sd) if scn.synthetic else _trace_specs(scn, None, sd)
-            _relabel(specs, k, 0.0)
-            stages.append(Stage(k, "concurrency", int(load), start, step_s, specs, cycle=True))
-        else:
-            if scn.synthetic is not None:
-                a = scn.arrivals
-                times = Arrivals(a.kind, rate=load, burstiness=a.burstiness).times(duration_s=step_s, seed=sd)
-                specs = scn.synthetic.generate(times, seed=sd)
-            else:
-                specs = _trace_specs(scn, load, sd, step_s)
-            _relabel(specs, k, start)
-            stages.append(Stage(k, "rate", load, start, step_s, specs))
+        specs = step_specs(scn, axis, load, k, start, step_s)
+        stages.append(Stage(k, axis, int(load) if closed else load, start, step_s, specs, cycle=closed))
     return Plan(stages, meta={"scenario": str(path), "steps": steps, "step_s": step_s}, **base)
-
-
-def _trace_specs(scn: Scenario, rate: float | None, seed: int, duration_s: float | None = None) -> list[RequestSpec]:
-    """A stage's trace requests, shaped like ``slobench run``'s and a capacity step's (scaled, capped, ties
-    spread). The stage's end cuts them after the ties are spread, so no spread request leaks into the next
-    stage."""
-    opts = dataclasses.replace(scn.trace_options, rate=rate, seed=seed, max_duration_s=None)
-    specs, _ = scn.trace_specs(opts)
-    return specs if duration_s is None else [sp for sp in specs if sp.arrival_s < duration_s]
-
-
-def _relabel(specs: list[RequestSpec], stage: int, offset: float) -> None:
-    for sp in specs:
-        sp.id = f"s{stage}-{sp.id}"
-        sp.arrival_s += offset

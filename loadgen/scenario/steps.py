@@ -1,0 +1,56 @@
+"""The requests of one load step: what a capacity step and a Locust ramp stage send at a given load.
+
+Steps use common random numbers: every step's arrival pattern is the same seeded draw (``scn.seed``)
+scaled to its rate, so steps differ by load, not by luck; prompts are drawn fresh for each step (seed
+``scn.seed * 1000 + index + 1``), so one step's prefix cache never serves the next. A trace step takes
+the trace's first ``load x duration`` rows (at least ``TRACE_MIN_ROWS``) at mean rate ``load``, shaped as
+the scenario says (``workload.shaping``) and cut at the step's end after its ties are spread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from loadgen.scenario.model import Scenario
+from loadgen.workload.arrivals import Arrivals
+from loadgen.workload.specs import RequestSpec
+
+TRACE_MIN_ROWS = 50  # trace rows a rate step draws on at least (a short slice of a bursty trace degenerates)
+
+
+def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float,
+               duration_s: float) -> list[RequestSpec]:
+    """The requests of one step, arrival times offset to ``start_s`` on the run's clock. Closed loop
+    (``axis == 'concurrency'``): enough requests for ``load`` users for the whole step, in order."""
+    seed = scn.seed * 1000 + index + 1  # fresh prompts per step; arrivals use scn.seed (common numbers)
+    if scn.workload_type == "synthetic":
+        if axis == "rate":
+            a = scn.arrivals if scn.arrivals and not scn.arrivals.closed else None
+            arr = Arrivals(a.kind if a else "poisson", rate=load, burstiness=a.burstiness if a else 1.0)
+            times = arr.times(duration_s=duration_s, seed=scn.seed)
+        else:
+            times = np.zeros(int(load * duration_s * 25) + 50)
+        specs = scn.synthetic.generate(times, seed=seed)
+        if axis == "rate":
+            specs = [s for s in specs if s.arrival_s < duration_s]
+    else:
+        opts = dataclasses.replace(scn.trace_options, seed=seed)
+        if axis == "rate":  # the trace's first load x duration rows (at least 50), at mean rate `load`
+            opts.rate = load
+            opts.max_requests = max(TRACE_MIN_ROWS, math.ceil(load * duration_s))
+            opts.max_duration_s = None  # cut after the ties are spread
+            if opts.arrivals is not None:
+                opts.arrivals = dataclasses.replace(opts.arrivals, rate=load)
+        else:
+            opts.rate = None
+            opts.max_duration_s = None
+        specs, _ = scn.trace_specs(opts)
+        if axis == "rate":
+            specs = [s for s in specs if s.arrival_s < duration_s]
+    for s in specs:
+        s.id = f"s{index}-{s.id}"
+        s.arrival_s = start_s + (s.arrival_s if axis == "rate" else 0.0)
+    return specs
