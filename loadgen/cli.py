@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--driver", choices=("aiohttp", "locust"), default="aiohttp",
                    help="load generator: the aiohttp replayer (default) or Locust, one Locust run per step "
                         "(no early stop within a step, no measured in-flight count)")
-    p.add_argument("--workers", type=int, help="Locust processes per step (with --driver locust)")
+    p.add_argument("--workers", type=int, help="load generator processes per step: Locust processes (--driver locust) "
+                   "or sharded replayer processes (aiohttp; no early stop within a step)")
 
     p = sub.add_parser("summarize", help="rebuild summary.json from a run folder")
     p.add_argument("run_dir", type=Path)

@@ -236,3 +236,25 @@ def test_capacity_through_locust(mock_server, tmp_path):
         inside = [x for x in recs if x["stage"] == st["index"] and w0 <= x["scheduled_s"] < w1]
         assert len(inside) == st["requests"] > 0
         assert st["tiers"]["standard"]["p50_ttft_ms"] >= 5  # the mock's first token comes 5 ms in
+
+
+def test_capacity_through_the_sharded_replayer(mock_server, tmp_path):
+    """--workers 2 with the aiohttp driver: the same steps through two replayer processes that live for the
+    whole search; their records reach the run's file and the step's judgement through the parent."""
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
+    scn = scenario(tmp_path, "{start: 5, growth: 2, max_load: 10, step_duration_s: 2.5, warmup_s: 0.5}")
+    r = slobench("capacity", scn, "--target", url, "--out", tmp_path / "run", "--json", "--no-progress",
+                 "--no-report", "--workers", 2)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(r.stdout)
+    assert s["verdict"] == "never_broke" and s["workers"] == 2
+    assert [st["load"] for st in s["steps"]] == [5, 10] and all(st["passed"] for st in s["steps"])
+    assert not any(st["stopped_early"] for st in s["steps"])  # in-flight requests are in the workers: no early pass
+    assert all(st["concurrency_measured"] is not None for st in s["steps"])  # from the workers' counters
+    recs = read_records(tmp_path / "run" / "requests.jsonl")
+    assert {x["stage"] for x in recs} == {0, 1} and all(x["status"] == "ok" for x in recs)
+    assert len({x["id"] for x in recs}) == len(recs)
+    for st in s["steps"]:
+        w0, w1 = st["window_s"]
+        inside = [x for x in recs if x["stage"] == st["index"] and w0 <= x["scheduled_s"] < w1]
+        assert len(inside) == st["requests"] > 0

@@ -159,6 +159,7 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
         meta["engine"] = (engine_opts if engine_opts is not None else scn.engine) if engine else None
         meta["engine_start_s"] = engine_start_s
         meta["driver"] = driver
+        meta["workers"] = workers
         unit = "users" if plan.closed else "req/s"
         display = CapacityDisplay(f"slobench capacity: {scn.name}", unit, list(plan.slos), enabled=progress)
         try:
