@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.drivers.base import Driver, Progress
+from loadgen.drivers.base import Driver, Progress, connections_needed
 from loadgen.drivers.event_loop import now, run_sync
 from loadgen.drivers.factory import make_driver
 from loadgen.drivers.http_request import ClientConfig
@@ -113,10 +113,11 @@ async def _drive(specs: Sequence[RequestSpec], opts: RunOptions, req_path: Path,
         loop.add_signal_handler(signal.SIGINT, driver.stop, "interrupted (Ctrl-C)")
         display = RunDisplay(len(specs)) if opts.progress else None
         watcher = asyncio.ensure_future(_watch(driver, opts.watch, display))
-        t0 = now() + driver.start_lead_s
-        if scraper:
-            scraper.go(t0)
         try:
+            await driver.warm_up(connections_needed(specs, opts.concurrency, opts.client.max_connections))
+            t0 = now() + driver.start_lead_s
+            if scraper:
+                scraper.go(t0)
             await driver.run(specs, t0=t0, stage=0, concurrency=opts.concurrency)
         finally:
             watcher.cancel()

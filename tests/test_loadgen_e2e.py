@@ -29,10 +29,11 @@ def test_run_scenario_against_the_mock_server(mock_server, tmp_path):
     recs = read_records(run / "requests.jsonl")
     assert len(recs) == 60 and {x["status"] for x in recs} == {"ok"}
     keys = {"id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "prompt_tokens",
-            "output_tokens", "status", "http_status", "error", "server"}
+            "output_tokens", "status", "http_status", "error", "server", "prompt_tokens_intended"}
     for x in recs:
         assert set(x) == keys
         assert x["output_tokens"] == 8 and len(x["token_s"]) == 8 and x["prompt_tokens"] == 12
+        assert x["prompt_tokens_intended"] == 12
         assert x["first_token_s"] == x["token_s"][0]
         # the mock's first token comes 40 ms after arrival, the next ones 5 ms apart
         assert x["first_token_s"] - x["scheduled_s"] >= 0.039

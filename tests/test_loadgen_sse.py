@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.drivers.sse import DONE, SSEParser, StreamError, chunk_content, decode_chunk
+from loadgen.target.sse import DONE, SSEParser, StreamError, chunk_content, decode_chunk
 
 
 def _chunk(text, finish=None):

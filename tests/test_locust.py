@@ -25,7 +25,7 @@ from tests.helpers import ENV, REPO, slobench
 
 LOCUSTFILE = REPO / "loadgen" / "drivers" / "locust" / "locustfile.py"
 KEYS = {"id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "prompt_tokens",
-        "output_tokens", "status", "http_status", "error", "server"}
+        "output_tokens", "status", "http_status", "error", "server", "prompt_tokens_intended"}
 
 
 def locust(*args, timeout=120):

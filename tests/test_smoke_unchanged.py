@@ -1,7 +1,8 @@
 """The loadgen restructuring changed no behaviour: a fixed-seed ``slobench run scenarios/smoke.yaml`` on
 the embedded engine gives the summary keys and the request records (apart from times) that it gave
 before it (``tests/fixtures/smoke-seed7-before-layout.json``, recorded from the code of commit efb25dd).
-The breakdown only gained keys (network and mean TTFT) when its two schemas became one."""
+Keys added since are listed: the breakdown's network and mean TTFT (when its two schemas became one), the
+prompt-length check and the scrape's own cost in the summary, the intended prompt length in each record."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from tests.helpers import slobench
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = json.loads((REPO / "tests" / "fixtures" / "smoke-seed7-before-layout.json").read_text())
 ADDED = {"breakdown.mean_network_ms", "breakdown.p50_network_ms", "breakdown.p99_network_ms",
-         "breakdown.mean_ttft_ms"}
+         "breakdown.mean_ttft_ms", "prompt_length", "scrape"}
+ADDED_PREFIXES = ("prompt_length.", "scrape.")
+ADDED_RECORD_FIELDS = {"prompt_tokens_intended"}
 TIME = {"scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "server"}
 UNNESTED = ("versions", "machine", "argv", "errors", "errors_by_http_status", "scenario")
 
@@ -36,10 +39,13 @@ def test_fixed_seed_smoke_run_gives_the_same_summary_keys_and_records(tmp_path):
                  "--no-progress", "--no-report", timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
-    assert set(keys(summary)) - ADDED == set(BEFORE["summary_keys"])
+    now_keys = {k for k in keys(summary) if k not in ADDED and not k.startswith(ADDED_PREFIXES)}
+    assert now_keys == set(BEFORE["summary_keys"])
+    assert summary["prompt_length"]["flagged"] is False and summary["prompt_length"]["mean_abs_drift"] == 0
     recs = [json.loads(line) for line in (tmp_path / "smoke" / "requests.jsonl").read_text().splitlines()]
     # how many SSE chunks carried the tokens depends on timing (the server coalesces tokens that are ready
     # together), so token_s is left out with the other times; output_tokens (usage) is compared
-    now = sorted(({k: v for k, v in rec.items() if k not in TIME} | {"server_keys": sorted(rec["server"] or {})}
-                  for rec in recs), key=lambda x: x["id"])
+    assert all(rec["prompt_tokens_intended"] == rec["prompt_tokens"] for rec in recs)  # token ids: exact
+    now = sorted(({k: v for k, v in rec.items() if k not in TIME | ADDED_RECORD_FIELDS}
+                  | {"server_keys": sorted(rec["server"] or {})} for rec in recs), key=lambda x: x["id"])
     assert now == BEFORE["records"]

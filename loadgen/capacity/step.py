@@ -24,7 +24,7 @@ from loadgen.capacity.early_stop import breach_reason, clear_pass_reason, min_wi
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import StepResult
 from loadgen.capacity.step_stats import StepWindow, step_detail
-from loadgen.drivers.base import Driver
+from loadgen.drivers.base import Driver, connections_needed
 from loadgen.drivers.event_loop import now
 from loadgen.drivers.factory import make_driver
 from loadgen.drivers.http_request import ClientConfig
@@ -114,6 +114,8 @@ class CapacityRunner:
         await self._settle()
         dur = plan.step.step_duration_s
         specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur)  # built before the clock runs
+        concurrency = int(load) if plan.closed else 0
+        await driver.warm_up(connections_needed(specs, concurrency, plan.scenario.max_connections))
         start = self.clock() + driver.start_lead_s
         for sp in specs:
             sp.arrival_s += start
@@ -130,7 +132,7 @@ class CapacityRunner:
         mon = asyncio.ensure_future(self._monitor(st, planned, es, base))
         wall0 = time.monotonic()
         try:
-            await driver.run(specs, t0=self.t0, stage=index, concurrency=int(load) if plan.closed else 0,
+            await driver.run(specs, t0=self.t0, stage=index, concurrency=concurrency,
                              until_s=st.w1 if plan.closed else None)
         finally:
             mon.cancel()

@@ -12,7 +12,7 @@ is recorded as ``cancelled``). docs/ARCHITECTURE.md, "Adding a driver", walks th
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,6 +40,21 @@ class Progress:
             self.ttft_ms.append(v)
 
 
+WARM_MAX = 256  # connections opened ahead of a run at most
+
+
+def connections_needed(specs: Sequence[RequestSpec], concurrency: int = 0, max_connections: int = 0) -> int:
+    """How many connections to open before a run: its users (closed loop), else the requests scheduled in
+    its first second (those overlap before the pool has grown by itself), capped by the connection cap."""
+    if concurrency:
+        n = concurrency
+    else:
+        first = min((s.arrival_s for s in specs), default=0.0)
+        n = sum(1 for s in specs if s.arrival_s < first + 1.0)
+    n = min(n, WARM_MAX)
+    return min(n, max_connections) if max_connections else n
+
+
 class RecordSink(Protocol):
     """Where a driver puts each finished request's record (``RecordWriter`` and its subclasses)."""
 
@@ -56,6 +71,11 @@ class Driver(Protocol):
 
     async def open(self) -> None:
         """Connect (open the connection pool, start worker processes), find the model."""
+
+    async def warm_up(self, connections: int) -> None:
+        """Open up to this many connections now, before ``t0``, so the first requests of a run do not pay
+        for TCP handshakes inside their measured TTFT (drivers whose connections live in another
+        program say so in their docstring)."""
 
     async def run(self, specs: Iterable[RequestSpec], *, t0: float, stage: int, concurrency: int = 0,
                   until_s: float | None = None) -> None:

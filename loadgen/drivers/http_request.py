@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadgen.target.request_shape import RequestShape
 from loadgen.workload.specs import RequestSpec
 
 
@@ -19,22 +20,20 @@ class ClientConfig:
     read_timeout_s: float | None = 300.0  # longest silence inside a stream; no total timeout
     connect_timeout_s: float = 10.0
     api_key: str | None = None
-    send_tier: bool = True  # send the request's tier as service_tier
+    shape: RequestShape = field(default_factory=RequestShape)  # the optional fields the target accepts
     extra_body: dict[str, Any] = field(default_factory=dict)
     abort_after_conn_errors: int = 10  # consecutive connection failures that end the run (0: never)
 
 
 def build_body(spec: RequestSpec, cfg: ClientConfig, model: str) -> tuple[str, bytes]:
     """The endpoint path and JSON body for one request."""
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": spec.max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if spec.ignore_eos:
+    shape = cfg.shape
+    body: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "stream": True}
+    if shape.include_usage:
+        body["stream_options"] = {"include_usage": True}
+    if spec.ignore_eos and shape.ignore_eos:
         body["ignore_eos"] = True
-    if cfg.send_tier and spec.tier:
+    if shape.service_tier and spec.tier:
         body["service_tier"] = spec.tier
     if spec.kind == "chat":
         path = "/v1/chat/completions"

@@ -21,10 +21,10 @@ import aiohttp
 from loadgen.drivers.base import Progress, RecordSink
 from loadgen.drivers.event_loop import now
 from loadgen.drivers.http_request import ClientConfig, build_body, error_text
-from loadgen.drivers.sse import StreamError
 from loadgen.drivers.stream_recorder import StreamRecorder
 from loadgen.results.records import RequestRecord
 from loadgen.target.discovery import discover_model
+from loadgen.target.sse import StreamError
 from loadgen.workload.specs import RequestSpec
 
 
@@ -77,6 +77,23 @@ class Replayer:
         if self.model is None:
             loop = asyncio.get_running_loop()
             self.model = await loop.run_in_executor(None, discover_model, self.cfg.target)
+
+    async def warm_up(self, connections: int) -> None:
+        """Open ``connections`` keep-alive connections at once (``GET /v1/models`` on each, all in flight
+        together, so the pool cannot reuse one); they wait idle in the pool for the run."""
+        if self._session is None:
+            await self.open()
+        url = self.cfg.target + "/v1/models"
+        timeout = aiohttp.ClientTimeout(total=10)
+
+        async def one() -> None:
+            try:
+                async with self._session.get(url, timeout=timeout) as r:
+                    await r.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass  # the run itself reports a target that cannot be reached
+
+        await asyncio.gather(*(one() for _ in range(max(0, connections))))
 
     async def close(self) -> None:
         if self._session is not None:
@@ -176,7 +193,7 @@ class Replayer:
     async def _one(self, spec: RequestSpec, scheduled_s: float, path: str, body: bytes) -> None:
         t0 = self.t0
         prog = self.progress
-        rec = RequestRecord(spec.id, self.stage, spec.tier, scheduled_s, prompt_tokens=spec.prompt_tokens)
+        rec = RequestRecord(spec.id, self.stage, spec.tier, scheduled_s, prompt_tokens_intended=spec.prompt_tokens)
         prog.sent += 1
         prog.in_flight += 1
         task = asyncio.current_task()

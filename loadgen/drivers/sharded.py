@@ -42,8 +42,9 @@ class _QueueSink:
 
 def worker_main(index: int, cfg: ClientConfig, commands: Any, out: Any, counters: Any, stop_now: Any,
                 stop_sending: Any) -> None:
-    """One worker process: open a replayer, then run each command ``(specs, t0, stage, concurrency,
-    until_s)`` until ``None``; after each, report ``("done", index, abort_reason)``."""
+    """One worker process: open a replayer, then run each command until ``None``: ``("warm", n)`` opens n
+    connections (reported as ``("warm", index, None)``), ``(specs, t0, stage, concurrency, until_s)`` runs
+    a shard (reported as ``("done", index, abort_reason)``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us through stop_now
 
     async def main() -> None:
@@ -54,6 +55,10 @@ def worker_main(index: int, cfg: ClientConfig, commands: Any, out: Any, counters
         out.put(("ready", index, None))
         try:
             while (cmd := await loop.run_in_executor(None, commands.get)) is not None:
+                if cmd[0] == "warm":
+                    await rep.warm_up(cmd[1])
+                    out.put(("warm", index, None))
+                    continue
                 specs, t0, stage, concurrency, until_s = cmd
                 rep.abort_reason = None
 
@@ -146,6 +151,18 @@ class ShardedReplayer:
         c = list(self._counters)
         self.progress.sent = sum(c[0::COUNTERS])
         self.progress.in_flight = sum(c[1::COUNTERS])
+
+    async def warm_up(self, connections: int) -> None:
+        """Each worker opens its share of the connections."""
+        share = -(-connections // self.workers)
+        for q in self._commands:
+            q.put(("warm", share))
+        done = 0
+        while done < self.workers:
+            kind, _index, info = await self._next()
+            if kind == "failed":
+                raise TargetError(f"a replayer worker failed: {info}")
+            done += kind == "warm"
 
     async def run(self, specs: Iterable[RequestSpec], *, t0: float, stage: int, concurrency: int = 0,
                   until_s: float | None = None) -> None:

@@ -5,8 +5,8 @@ Shared by the aiohttp replayer and the Locust user, so both drivers record a str
 
 from __future__ import annotations
 
-from loadgen.drivers.sse import SSEParser, StreamError, chunk_content, decode_chunk
 from loadgen.results.records import RequestRecord
+from loadgen.target.sse import SSEParser, StreamError, chunk_content, decode_chunk
 
 SERVER_KEYS = ("queue_ms", "prefill_ms", "decode_ms")
 

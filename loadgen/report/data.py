@@ -22,7 +22,8 @@ from loadgen.results.rundir import read_metrics
 from loadgen.results.summary import request_frame, summarize
 
 RECORD_COLUMNS = ("id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s",
-                  "prompt_tokens", "output_tokens", "status", "http_status", "error", "server")
+                  "prompt_tokens", "output_tokens", "status", "http_status", "error", "server",
+                  "prompt_tokens_intended")
 
 
 class RunDataError(Exception):

@@ -20,7 +20,8 @@ from loadgen.results.summary import request_frame
 
 COLUMNS = {  # name -> pandas dtype of the exported column
     "id": "string", "stage": "Int64", "tier": "string", "scheduled_s": "float64", "sent_s": "float64",
-    "first_token_s": "float64", "done_s": "float64", "prompt_tokens": "Int64", "output_tokens": "Int64",
+    "first_token_s": "float64", "done_s": "float64", "prompt_tokens": "Int64",
+    "prompt_tokens_intended": "Int64", "output_tokens": "Int64",
     "status": "string", "http_status": "Int64", "error": "string",
     "server_queue_ms": "float64", "server_prefill_ms": "float64", "server_decode_ms": "float64",
     "ttft_ms": "float64", "e2el_ms": "float64", "tpot_ms": "float64", "lateness_ms": "float64",
@@ -44,7 +45,8 @@ def records_table(records: list[dict]) -> pd.DataFrame:
             continue
         r = dict(r)
         r["token_s"] = r.get("token_s") if isinstance(r.get("token_s"), list) else []
-        for k in ("first_token_s", "sent_s", "done_s", "output_tokens", "prompt_tokens", "scheduled_s", "status"):
+        for k in ("first_token_s", "sent_s", "done_s", "output_tokens", "prompt_tokens", "prompt_tokens_intended",
+                  "scheduled_s", "status"):
             r.setdefault(k, None)
         recs.append(r)
     df = request_frame(recs) if recs else pd.DataFrame()

@@ -21,12 +21,13 @@ class RequestRecord:
     first_token_s: float | None = None
     token_s: list[float] = field(default_factory=list)  # arrival time of each content chunk
     done_s: float | None = None
-    prompt_tokens: int | None = None
+    prompt_tokens: int | None = None  # as the server counted them (usage); None when it sent no usage
     output_tokens: int | None = None
     status: str = "ok"
     http_status: int | None = None
     error: str | None = None
     server: dict[str, float] | None = None  # {queue_ms, prefill_ms, decode_ms} from the target's timing
+    prompt_tokens_intended: int | None = None  # the length the workload meant (token ids, or text built to it)
 
     def to_json(self) -> str:
         r6 = _r6
@@ -46,6 +47,7 @@ class RequestRecord:
                 "http_status": self.http_status,
                 "error": self.error,
                 "server": self.server,
+                "prompt_tokens_intended": self.prompt_tokens_intended,
             },
             separators=(",", ":"),
         )

@@ -8,6 +8,7 @@ A sample is ``{series key: value}``; a series key is the metric name with its la
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 # vLLM's histograms whose sum/count deltas give the breakdown when records carry no server timing
 BREAKDOWN_HISTOGRAMS = {
@@ -42,4 +43,20 @@ def breakdown_histogram_means(first: Mapping[str, float], last: Mapping[str, flo
         out[key] = None if mean_s is None else mean_s * 1000.0
         if key == "queue_ms":
             out["requests"] = n
+    return out
+
+
+def scrape_cost(samples: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What scraping ``/metrics`` cost (``target.scrape`` records it with each sample): scrapes, mean page
+    size, mean fetch and parse time, and the scraper process's CPU seconds over the run."""
+    costs = [s["scrape"] for s in samples if isinstance(s.get("scrape"), Mapping)]
+    if not samples:
+        return None
+    out: dict[str, Any] = {"scrapes": len(costs), "mean_bytes": None, "mean_fetch_ms": None,
+                           "mean_parse_ms": None, "cpu_s": None}
+    if costs:
+        out["mean_bytes"] = sum(c["bytes"] for c in costs) / len(costs)
+        out["mean_fetch_ms"] = sum(c["fetch_ms"] for c in costs) / len(costs)
+        out["mean_parse_ms"] = sum(c["parse_ms"] for c in costs) / len(costs)
+        out["cpu_s"] = round(costs[-1]["cpu_s"], 4)  # the process started with the run
     return out

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from loadgen.results import latency
-from loadgen.results.scraped import breakdown_histogram_means
+from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 SLO_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2el_ms"}
@@ -43,7 +43,9 @@ def request_frame(records: list[Mapping[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame.from_records(records)
     if df.empty:
         return df
-    for col in ("first_token_s", "sent_s", "done_s", "output_tokens", "prompt_tokens"):
+    if "prompt_tokens_intended" not in df:  # records of an older slobench
+        df["prompt_tokens_intended"] = None
+    for col in ("first_token_s", "sent_s", "done_s", "output_tokens", "prompt_tokens", "prompt_tokens_intended"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
     ok = [latency.succeeded(r) for r in records]
     nan = math.nan
@@ -87,7 +89,8 @@ def summarize(
     cancelled = df["status"] == "cancelled"
     duration = float(df["done_s"].max() - df["scheduled_s"].min())
     okd = df[ok]
-    n_in = float(okd["prompt_tokens"].fillna(0).sum())
+    # the server's count where it gave one, else the intended length
+    n_in = float(okd["prompt_tokens"].fillna(okd["prompt_tokens_intended"]).fillna(0).sum())
     n_out = float(okd["output_tokens"].fillna(0).sum())
     out.update(
         duration=duration,
@@ -124,6 +127,8 @@ def summarize(
         if metrics and len(metrics) >= 2 else None
     out["breakdown"] = latency.breakdown(ok_records, hist)
 
+    out["prompt_length"] = prompt_length_truth(okd)
+    out["scrape"] = scrape_cost(list(metrics or []))
     late = df["lateness_ms"].dropna().to_numpy()
     lat = {
         "p50_ms": latency.percentile(late, 50),
@@ -157,3 +162,30 @@ def _tiers(df: pd.DataFrame, tier_slos: Mapping[str, Mapping[str, float]], perce
             entry["slo_attainment"] = met / len(g) if len(g) else None
         res[str(tier)] = entry
     return res
+
+
+DRIFT_FLAG = 0.02  # prompts off their intended length by more than this, on average, are flagged
+
+
+def prompt_length_truth(okd: pd.DataFrame) -> dict[str, Any]:
+    """How far the server's prompt token counts are from the intended lengths (successful requests that
+    have both): mean relative drift (server - intended) / intended, mean and max absolute drift, and a
+    flag when the mean absolute drift exceeds 2%: the load was not the one described (a tokenizer other
+    than the server's, a chat template's tokens, a BOS token)."""
+    both = okd[["prompt_tokens", "prompt_tokens_intended"]].dropna()
+    both = both[both["prompt_tokens_intended"] > 0]
+    out: dict[str, Any] = {"requests_compared": int(len(both)), "intended_tokens": None, "server_tokens": None,
+                           "mean_drift": None, "mean_abs_drift": None, "max_abs_drift": None, "flagged": False}
+    if both.empty:
+        out["note"] = ("the server reported no prompt token counts (no usage): lengths are the intended ones, "
+                       "unchecked") if okd["prompt_tokens"].isna().all() and len(okd) else None
+        return out
+    rel = (both["prompt_tokens"] - both["prompt_tokens_intended"]) / both["prompt_tokens_intended"]
+    out.update(intended_tokens=int(both["prompt_tokens_intended"].sum()),
+               server_tokens=int(both["prompt_tokens"].sum()), mean_drift=float(rel.mean()),
+               mean_abs_drift=float(rel.abs().mean()), max_abs_drift=float(rel.abs().max()))
+    out["flagged"] = out["mean_abs_drift"] > DRIFT_FLAG
+    if out["flagged"]:
+        out["note"] = (f"prompts were {100 * out['mean_drift']:+.1f}% off their intended length on average (server "
+                       f"count vs intended): pass the server's tokenizer (--tokenizer DIR) for exact lengths")
+    return out

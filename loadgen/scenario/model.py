@@ -21,7 +21,7 @@ tiers:                     # weight and SLOs (ms) per service tier
   standard: {weight: 3, slo: {ttft_ms: 800}}
 load: {arrival: poisson, rate: 4, requests: 40, duration_s: 30}   # arrival: poisson|gamma|constant|closed
 goodput: {ttft_ms: 800}
-client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10}
+client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10, send_tier: null}
 search:                    # for ``slobench capacity`` (see loadgen/capacity/)
   axis: rate               # rate (req/s, open loop with load.arrival) | concurrency (users, closed loop)
   start: 2                 # first load of the ramp
@@ -98,6 +98,8 @@ class Scenario:
     step: StepOptions | None = None
     headroom: float = 0.2
     shaping: TraceShaping = field(default_factory=TraceShaping)  # trace workloads: length scaling, caps, ties
+    send_tier: bool | None = None  # client.send_tier: None sends tiers when the target accepts service_tier
+    explicit_fields: set[str] = field(default_factory=set)  # request fields asked for explicitly (errors if rejected)
 
     def slos(self) -> dict[str, list[SLO]]:
         """Each tier's judged SLOs (an empty list for a tier with no promise, e.g. basic)."""

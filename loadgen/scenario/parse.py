@@ -240,6 +240,8 @@ def _parse_synthetic_workload(w: MappingNode, s: Scenario, arrival: str, token_r
         ) if conv else None,
         tiers=s.tiers, token_range=token_range, ignore_eos=w.get("ignore_eos", bool, True),
     )
+    if w.data.get("ignore_eos") is True:  # asked for in the file: a target that rejects it is an error
+        s.explicit_fields.add("ignore_eos")
     if sp and not sp.data.get("ratio", 1.0) <= 1:
         raise ScenarioError(f"workload.shared_prefix.ratio: expected a fraction in [0, 1], "
                             f"found {sp.data['ratio']!r}")
@@ -326,6 +328,9 @@ def _parse_client(c: MappingNode, s: Scenario) -> None:
     s.read_timeout_s = c.get("read_timeout_s", (float, type(None)), 300.0, positive=True)
     s.workers = c.get("workers", int, 1, min_value=1)
     s.lateness_bound_ms = c.get("lateness_bound_ms", float, LATENESS_BOUND_MS, positive=True)
+    s.send_tier = c.get("send_tier", (bool, type(None)), None)
+    if s.send_tier:
+        s.explicit_fields.add("service_tier")
     c.check_unknown()
 
 

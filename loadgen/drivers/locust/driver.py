@@ -183,7 +183,8 @@ class LocustDriver:
                            processes=self.processes, stage=stage, max_connections=cfg.max_connections,
                            read_timeout_s=cfg.read_timeout_s, tier_slos=self.tier_slos, start_s=start,
                            duration_s=(until_s - start) if concurrency and until_s is not None else None,
-                           t0=t0, drain_s=self.drain_s)
+                           t0=t0, drain_s=self.drain_s,
+                           extra=["--slobench-shape", json.dumps(cfg.shape.as_dict())])
         follow = RecordFollower(out_dir / "requests.jsonl")
         self._proc = lp.start()
         rc = None
@@ -199,6 +200,11 @@ class LocustDriver:
             self._proc = None
         if rc not in (0, 1) and not self._stopped:  # 1: Locust's "some requests failed", the records say which
             self.abort_reason = self.abort_reason or f"locust exited with code {rc}: {lp.log_tail(5)}"
+
+    async def warm_up(self, connections: int) -> None:
+        """Nothing to do here: Locust's users open their own connections in Locust's processes, so the
+        first requests of each Locust run pay for their TCP handshakes (one loopback round trip each)."""
+        return None
 
     def _take(self, records: list[RequestRecord]) -> None:
         for rec in records:

@@ -20,6 +20,7 @@ documented module-level hook), so the percentiles Locust prints are within 0.5% 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -63,6 +64,8 @@ OPTIONS = [  # name, type, default, help
     ("read-timeout", float, 300.0, "longest silence inside a stream, seconds"),
     ("no-summary", bool, False, "do not write summary.json at the end"),
     ("t0", float, None, "the run's time 0 as a time.monotonic() value of this machine (default: now + a lead)"),
+    ("shape", str, None, "JSON of the optional request fields to send, e.g. '{\"ignore_eos\": false}' for a strict "
+                         "server (slobench passes what its probe found)"),
 ]
 
 
@@ -88,6 +91,7 @@ def run_options(parsed) -> dict:
         "stop_on_slo": not g("no-slo-stop"), "drain_s": g("drain-s") or 60.0,
         "max_connections": g("max-connections") or 0, "read_timeout": g("read-timeout") or 300.0,
         "summary": not g("no-summary"), "t0": g("t0"), "api_key": os.environ.get("SLOBENCH_API_KEY"),
+        "shape": json.loads(g("shape")) if g("shape") else None,
     }
 
 

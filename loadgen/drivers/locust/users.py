@@ -36,10 +36,11 @@ from locust import FastHttpUser, constant, task
 from loadgen.drivers.http_request import ClientConfig, build_body, error_text
 from loadgen.drivers.locust.collect import Tally
 from loadgen.drivers.locust.plan import Plan, Stage, shard
-from loadgen.drivers.sse import StreamError
 from loadgen.drivers.stream_recorder import StreamRecorder
 from loadgen.results import latency
 from loadgen.results.records import RequestRecord
+from loadgen.target.request_shape import RequestShape
+from loadgen.target.sse import StreamError
 
 now = time.monotonic
 
@@ -139,7 +140,7 @@ class _StreamingUser(FastHttpUser):
     def send(self, spec, stage: int, scheduled_s: float, path: str, body: bytes, http) -> RequestRecord:
         st = STATE
         t0, tally = st.t0, st.tally
-        rec = RequestRecord(spec.id, stage, spec.tier, scheduled_s, prompt_tokens=spec.prompt_tokens)
+        rec = RequestRecord(spec.id, stage, spec.tier, scheduled_s, prompt_tokens_intended=spec.prompt_tokens)
         tally.sent += 1
         tally.in_flight += 1
         tally.sent_by_stage[stage] += 1
@@ -278,7 +279,7 @@ def client_config(opts: dict[str, Any]) -> ClientConfig:
     return ClientConfig(
         target="", model=opts.get("model"), max_connections=int(opts.get("max_connections") or 0),
         read_timeout_s=float(opts.get("read_timeout") or 300.0), api_key=opts.get("api_key"),
-        send_tier=not opts.get("no_tier"),
+        shape=RequestShape(**opts["shape"]) if opts.get("shape") else RequestShape(),
     )
 
 

@@ -1,0 +1,72 @@
+"""What slobench sends to a target, fitted to what the probe found it accepts.
+
+``fit_request_shape`` turns ``probe.Capabilities`` into a ``RequestShape`` (the optional fields sent,
+the endpoint, whether prompts must be text) and a list of what was dropped, with what that means for
+the numbers. A field the user asked for explicitly (``workload.ignore_eos: true``, ``client.send_tier:
+true``) that the target rejects is an error before any load is sent, not a silent drop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from loadgen.target.probe import Capabilities
+
+
+class TargetFitError(ValueError):
+    """The target rejects something the user asked for explicitly (one line, for the CLI)."""
+
+
+@dataclass(slots=True)
+class RequestShape:
+    """The optional parts of a request body (docs/ARCHITECTURE.md, "The reference engine's HTTP API")."""
+
+    ignore_eos: bool = True  # send a spec's ignore_eos (vLLM, SGLang, slobench: enforce max_tokens)
+    include_usage: bool = True  # stream_options.include_usage: token counts in the final chunk
+    service_tier: bool = True  # send a spec's tier as service_tier
+    text_prompts: bool = False  # token-id prompts become text before they are sent (strict servers)
+    chat: bool = False  # every prompt goes to /v1/chat/completions (a target without /v1/completions)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TargetFit:
+    shape: RequestShape
+    dropped: list[str] = field(default_factory=list)  # what the workload would send but the target rejects
+    notes: list[str] = field(default_factory=list)  # what the run does instead, and what it means
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"shape": self.shape.as_dict(), "dropped": list(self.dropped), "notes": list(self.notes)}
+
+
+def fit_request_shape(caps: Capabilities, *, explicit: Iterable[str] = (), uses_tiers: bool = True,
+                      token_prompts: bool = True) -> TargetFit:
+    """The request shape for a workload against a target: ``explicit`` names the fields the user asked
+    for (errors when rejected); ``uses_tiers`` / ``token_prompts`` say whether the workload has tiers and
+    token-id prompts at all (nothing to drop otherwise)."""
+    explicit = set(explicit)
+    for name in sorted(explicit):
+        if name == "service_tier" and not caps.accepts("service_tier"):
+            raise TargetFitError(f"client.send_tier: the target rejects service_tier "
+                                 f"({caps.rejections.get('service_tier', 'not accepted')})")
+        if name == "ignore_eos" and not caps.accepts("ignore_eos"):
+            raise TargetFitError(f"workload.ignore_eos: the target rejects ignore_eos "
+                                 f"({caps.rejections.get('ignore_eos', 'not accepted')}); set ignore_eos: false "
+                                 "to let it stop at its end-of-sequence token")
+    shape = RequestShape(ignore_eos=caps.accepts("ignore_eos"), include_usage=caps.accepts("include_usage"),
+                         service_tier=caps.accepts("service_tier"), chat=not caps.completions,
+                         text_prompts=not caps.token_prompts)
+    dropped = [name for name, sent, needed in (("ignore_eos", shape.ignore_eos, True),
+                                               ("include_usage", shape.include_usage, True),
+                                               ("service_tier", shape.service_tier, uses_tiers),
+                                               ("token_prompts", not shape.text_prompts, token_prompts))
+               if needed and not sent]
+    notes = caps.notes(dropped=dropped)
+    if shape.chat:
+        notes.append("the target has no /v1/completions: every prompt is sent as a chat message to "
+                     "/v1/chat/completions (its template adds tokens, accounted for in the prompt lengths)")
+    return TargetFit(shape, dropped, notes)
