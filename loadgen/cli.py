@@ -6,7 +6,7 @@
     slobench summarize RUN_DIR [--goodput ttft:MS ...]   rebuild summary.json from a run folder
     slobench report RUN_DIR [RUN_B] [-o FILE]            report.html from a run folder (or A vs B)
     slobench gate RUN_DIR --baseline B [--rules R]       CI gate: exit 0 pass, 1 regression, 2 bad input
-    slobench mock-server [--ttft-ms --itl-ms --tokens]   a mock target with exact timing
+    slobench mock-server [--strict] [--ttft-ms ...]      a mock target with exact timing
     slobench serve ...                                    the reference engine's server
     slobench generate PROMPT                              one offline generation with the engine
 
@@ -66,10 +66,22 @@ def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", metavar="ID", help="run folder name under --reports (default: timestamp-name)")
 
 
+def _target_args(p: argparse.ArgumentParser) -> None:
+    """How slobench fits its requests to the target, the same on every load command."""
+    p.add_argument("--tokenizer", type=Path, metavar="DIR",
+                   help="the target model's Hugging Face tokenizer folder (tokenizer.json): text prompts of the exact "
+                        "intended token length for servers that take only text (default: the server's /tokenize "
+                        "when it has one, else approximate lengths, checked against its usage)")
+    p.add_argument("--no-probe", action="store_true",
+                   help="do not probe what the target accepts: send every optional field and token-id prompts "
+                        "(a vLLM-like server)")
+
+
 def _common_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target",
                    help="base URL of an OpenAI-compatible server (default: start the reference engine)")
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
+    _target_args(p)
     _output_args(p)
     p.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs for goodput, e.g. ttft:300 tpot:50")
     p.add_argument("--workers", type=int, help="replayer processes the schedule is sharded over")
@@ -124,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", type=Path)
     p.add_argument("--target",
                    help="base URL of an OpenAI-compatible server (default: start the reference engine)")
+    _target_args(p)
     _output_args(p)
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
     p.add_argument("--seed", type=int)
@@ -166,6 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--itl-ms", type=float, default=20.0)
     p.add_argument("--tokens", type=int, help="tokens per stream (default: the request's max_tokens)")
     p.add_argument("--model", default="mock")
+    p.add_argument("--strict", action="store_true",
+                   help="a strict OpenAI server: 422 on unknown fields (ignore_eos, min_tokens ...), 400 on a "
+                        "non-string prompt, usage only with stream_options.include_usage, no timing, no /metrics")
+    p.add_argument("--reject-field", action="append", default=[], metavar="FIELD",
+                   help="with --strict, refuse this OpenAI field too (e.g. service_tier, as transformers serve's "
+                        "/v1/completions does); repeatable")
+    p.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve /metrics (default: yes, unless --strict)")
+    p.add_argument("--metrics-bytes", type=int, default=0, metavar="N",
+                   help="pad /metrics with at least N bytes of extra series (a large page to scrape)")
 
     sub.add_parser("serve", help="run the reference engine's OpenAI-compatible server (see serve --help)",
                    add_help=False)

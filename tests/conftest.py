@@ -3,6 +3,9 @@
 `make_hf_checkpoint(path, arch, **overrides)` writes one; the session-scoped `hf_checkpoint` fixture
 returns a cached folder for a variant name, either through indirect parametrization
 (`@pytest.mark.parametrize("hf_checkpoint", ["qwen3"], indirect=True)`) or "llama" by default.
+
+Strict targets (tests/test_strict_targets.py): `transformers_serve`, a real `transformers serve` on a tiny
+Llama (`serve_checkpoint`, see tests/transformers_serve.py), and `strict_mock`, `slobench mock-server --strict`.
 """
 
 from __future__ import annotations
@@ -145,4 +148,36 @@ def mock_server():
 
     servers = MockServers()
     yield servers
+    servers.stop_all()
+
+
+@pytest.fixture(scope="session")
+def serve_checkpoint(tmp_path_factory) -> Path:
+    """Folder of the tiny Llama that `transformers_serve` serves (its tokenizer counts what the server counts)."""
+    from tests.transformers_serve import make_serve_checkpoint
+
+    return make_serve_checkpoint(tmp_path_factory.mktemp("serve-llama"))
+
+
+@pytest.fixture(scope="session")
+def transformers_serve(serve_checkpoint, tmp_path_factory):
+    """A running `transformers serve --continuous-batching --device cpu` on `serve_checkpoint`, shared by the
+    session: `.url`, `.model` (the id it lists and accepts), `.log`, `.start_s`. Mark tests that use it slow.
+    Skipped where transformers' serving extra (fastapi, uvicorn) is not installed."""
+    pytest.importorskip("fastapi", reason="transformers serve needs `pip install 'transformers[serving]'`")
+    pytest.importorskip("uvicorn", reason="transformers serve needs `pip install 'transformers[serving]'`")
+    from tests.transformers_serve import TransformersServe
+
+    server = TransformersServe(serve_checkpoint, tmp_path_factory.mktemp("serve-log") / "transformers-serve.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def strict_mock():
+    """URL of `slobench mock-server --strict` (model "mock", ttft 5 ms, itl 1 ms), shared by the session."""
+    from tests.helpers import MockServers
+
+    servers = MockServers()
+    yield servers("--strict", "--ttft-ms", 5, "--itl-ms", 1)
     servers.stop_all()

@@ -42,9 +42,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_mock_server(args: argparse.Namespace) -> int:
-    from loadgen.target.mock_server import MockConfig, serve
+    from loadgen.target.mock_server import STRICT_FIELDS, MockConfig, serve
 
     if args.ttft_ms < 0 or args.itl_ms < 0 or (args.tokens is not None and args.tokens < 1):
         raise UsageError("--ttft-ms and --itl-ms must be >= 0 and --tokens >= 1")
-    serve(MockConfig(args.ttft_ms, args.itl_ms, args.tokens, args.model), args.host, args.port)
+    if args.reject_field and not args.strict:
+        raise UsageError("--reject-field needs --strict (the default mode accepts every field)")
+    if unknown := set(args.reject_field) - set().union(*STRICT_FIELDS.values()):
+        raise UsageError(f"--reject-field {', '.join(sorted(unknown))}: --strict refuses fields OpenAI does not know "
+                         "already; name one it knows (e.g. service_tier)")
+    if args.metrics_bytes < 0:
+        raise UsageError("--metrics-bytes must be >= 0")
+    serve(MockConfig(args.ttft_ms, args.itl_ms, args.tokens, args.model, strict=args.strict,
+                     reject_fields=tuple(args.reject_field), metrics=args.metrics, metrics_bytes=args.metrics_bytes),
+          args.host, args.port)
     return EXIT_OK
