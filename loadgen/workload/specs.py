@@ -3,6 +3,8 @@
 A workload is a list of :class:`RequestSpec`, sorted by arrival time. Prompts are token ids (sent to
 ``/v1/completions``), text (``/v1/completions``) or chat messages (``/v1/chat/completions``). Long
 trace prompts stay compact as :class:`BlockPrompt` and become token ids only when the request is sent.
+For servers that take only text, segments (:class:`Segment`) describe a prompt's structure (shared
+prefixes, blocks, conversation history) so ``workload.text_prompts`` can render it as text with the same sharing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ import numpy as np
 # Token ids are drawn from [lo, hi): inside every real vocabulary and the reference engine's byte-level
 # tiny model (258 ids) alike. Set ``token_range`` for anything else.
 DEFAULT_TOKEN_RANGE = (10, 250)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A piece of a prompt as text renders it: the first ``tokens`` tokens of the deterministic text of
+    ``key`` (plain ints and strings). Equal keys give equal texts, so prompts whose segments start alike
+    start with the same text, as their token ids do."""
+
+    key: tuple[Any, ...]
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,16 @@ class BlockPrompt:
         parts = [_block(self.seed, h, self.block_size, self.token_range) for h in self.hash_ids]
         return np.concatenate(parts)[: self.num_tokens].tolist()
 
+    def segments(self) -> tuple[Segment, ...]:
+        """One segment per block, cut as :meth:`tokens` cuts them: equal hash ids, equal segments."""
+        out, left = [], self.num_tokens
+        for h in self.hash_ids:
+            if left <= 0:
+                break
+            out.append(Segment(("block", self.seed, self.block_size, int(h)), min(self.block_size, left)))
+            left -= self.block_size
+        return tuple(out)
+
 
 @functools.lru_cache(maxsize=4096)
 def _block(seed: int, hash_id: int, block_size: int, token_range: tuple[int, int]) -> np.ndarray:
@@ -56,9 +78,11 @@ class RequestSpec:
     max_tokens: int
     tier: str | None = None
     ignore_eos: bool = True
-    prompt_tokens: int | None = None  # known input length (token-id prompts); None for text
+    prompt_tokens: int | None = None  # known (intended) input length; None for text of unknown length
     conversation: str | None = None  # multi-turn: conversation id and turn index
     turn: int = 0
+    # the prompt's structure for text (synthetic workloads set it); None: derived from the prompt itself
+    segments: tuple[Segment, ...] | None = None
 
     @property
     def kind(self) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loadgen.workload.specs import DEFAULT_TOKEN_RANGE, RequestSpec
+from loadgen.workload.specs import DEFAULT_TOKEN_RANGE, RequestSpec, Segment
 
 
 @dataclass(slots=True)
@@ -97,15 +97,18 @@ class SyntheticWorkload:
             use_prefix = rng.random(n) < sp.ratio
             which = rng.integers(0, sp.num_prompts, size=n)
         if self.conversations:
-            return self._conversations(arrivals, rng, in_lens, out_lens, tiers, prefixes, use_prefix, which)
+            return self._conversations(arrivals, rng, in_lens, out_lens, tiers, prefixes, use_prefix, which, seed)
         specs = []
         for i, t in enumerate(arrivals):
             body = rng.integers(lo, hi, int(in_lens[i])).tolist()
             prompt = (prefixes[which[i]] + body) if use_prefix[i] else body
+            segs = [_segment(("body", seed, i), len(body))]
+            if use_prefix[i]:
+                segs.insert(0, _segment(("prefix", seed, int(which[i])), len(prefixes[which[i]])))
             specs.append(
                 RequestSpec(
                     id=f"r{i}", arrival_s=float(t), prompt=prompt, max_tokens=int(out_lens[i]),
-                    tier=tiers[i], ignore_eos=self.ignore_eos, prompt_tokens=len(prompt),
+                    tier=tiers[i], ignore_eos=self.ignore_eos, prompt_tokens=len(prompt), segments=_segments(segs),
                 )
             )
         return specs
@@ -118,7 +121,7 @@ class SyntheticWorkload:
         idx = rng.choice(len(names), size=n, p=w / w.sum())
         return [names[j] for j in idx]
 
-    def _conversations(self, arrivals, rng, in_lens, out_lens, tiers, prefixes, use_prefix, which):
+    def _conversations(self, arrivals, rng, in_lens, out_lens, tiers, prefixes, use_prefix, which, seed):
         conv = self.conversations
         lo, hi = self.token_range
         specs: list[RequestSpec] = []
@@ -128,18 +131,30 @@ class SyntheticWorkload:
         for c in range(n_conv):
             start = float(arrivals[c * conv.turns]) if c * conv.turns < n else float(arrivals[-1])
             history: list[int] = prefixes[which[c]][:] if (prefixes and use_prefix[c]) else []
+            segs = [_segment(("prefix", seed, int(which[c])), len(history))]  # the history's text, segment by segment
             for turn in range(conv.turns):
                 if i >= n:
                     break
                 history = history + rng.integers(lo, hi, int(in_lens[i])).tolist()
+                segs.append(_segment(("user", seed, c, turn), int(in_lens[i])))
                 specs.append(
                     RequestSpec(
                         id=f"c{c}t{turn}", arrival_s=start + turn * conv.think_time_s, prompt=list(history),
                         max_tokens=int(out_lens[i]), tier=tiers[c * conv.turns], ignore_eos=self.ignore_eos,
-                        prompt_tokens=len(history), conversation=f"c{c}", turn=turn,
+                        prompt_tokens=len(history), conversation=f"c{c}", turn=turn, segments=_segments(segs),
                     )
                 )
                 history = history + rng.integers(lo, hi, conv.answer_tokens).tolist()
+                segs.append(_segment(("answer", seed, c, turn), conv.answer_tokens))
                 i += 1
         specs.sort(key=lambda s: s.arrival_s)
         return specs
+
+
+def _segment(key: tuple, tokens: int) -> Segment | None:
+    return Segment(key, int(tokens)) if tokens > 0 else None
+
+
+def _segments(segs: list[Segment | None]) -> tuple[Segment, ...]:
+    """The text structure of a prompt (``workload.text_prompts``); the token ids stay as they were drawn."""
+    return tuple(s for s in segs if s is not None)
