@@ -13,7 +13,7 @@ import asyncio
 import json
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from loadgen.results.records import RecordWriter, read_records
 from loadgen.results.rundir import read_metrics
 from loadgen.results.runmeta import now_iso, run_metadata
 from loadgen.results.summary import summarize
+from loadgen.target.prepare import TargetOptions, prepare_target
 from loadgen.target.scrape import Scraper
 from loadgen.workload.specs import RequestSpec
 
@@ -44,6 +45,7 @@ class RunOptions:
     lateness_bound_ms: float = latency.LATENESS_BOUND_MS
     watch: Callable[[], str | None] | None = None  # returns a reason to stop (e.g. the engine died)
     meta: dict[str, Any] = field(default_factory=dict)
+    target_options: TargetOptions = field(default_factory=TargetOptions)  # probe, tokenizer, explicit fields
 
 
 @dataclass
@@ -54,6 +56,12 @@ class RunResult:
 
 
 def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
+    """Probe the target and fit the requests to it, run, summarise. Raises what ``prepare_target`` raises
+    (before anything is sent or written)."""
+    specs = list(specs)
+    prepared = prepare_target(opts.client.target, opts.client.model, specs, opts.target_options)
+    prepared.adapt(specs)
+    opts = replace(opts, client=replace(opts.client, model=prepared.model, shape=prepared.shape))
     run_dir = Path(opts.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started_at = now_iso()
@@ -61,7 +69,8 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     for p in (req_path, met_path):
         p.unlink(missing_ok=True)
     config = {"target": opts.client.target, "client": asdict(opts.client), "workers": opts.workers,
-              "concurrency": opts.concurrency, "requests_planned": len(specs), **opts.meta}
+              "concurrency": opts.concurrency, "requests_planned": len(specs), **opts.meta,
+              **prepared.as_summary()}
     if opts.driver == "locust":
         config["driver"] = "locust"
     stopped, model = run_sync(lambda: _drive(specs, opts, req_path, met_path))
@@ -73,6 +82,7 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     summary["model"] = model
     summary["requests_planned"] = len(specs)
     summary["stopped_early"] = stopped
+    summary.update(prepared.as_summary())
     summary = {**_metadata(opts, run_dir, config.get("driver", "aiohttp"), started_at), **summary}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     return RunResult(run_dir, summary, stopped)

@@ -2,7 +2,8 @@
 the embedded engine gives the summary keys and the request records (apart from times) that it gave
 before it (``tests/fixtures/smoke-seed7-before-layout.json``, recorded from the code of commit efb25dd).
 Keys added since are listed: the breakdown's network and mean TTFT (when its two schemas became one), the
-prompt-length check and the scrape's own cost in the summary, the intended prompt length in each record."""
+prompt-length check, the scrape's own cost, what the probe found and how the requests were fitted in the
+summary, the intended prompt length in each record."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from tests.helpers import slobench
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = json.loads((REPO / "tests" / "fixtures" / "smoke-seed7-before-layout.json").read_text())
 ADDED = {"breakdown.mean_network_ms", "breakdown.p50_network_ms", "breakdown.p99_network_ms",
-         "breakdown.mean_ttft_ms", "prompt_length", "scrape"}
-ADDED_PREFIXES = ("prompt_length.", "scrape.")
+         "breakdown.mean_ttft_ms", "prompt_length", "scrape", "target_probe", "request_fit"}
+ADDED_PREFIXES = ("prompt_length.", "scrape.", "target_probe.", "request_fit.")
 ADDED_RECORD_FIELDS = {"prompt_tokens_intended"}
 TIME = {"scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "server"}
 UNNESTED = ("versions", "machine", "argv", "errors", "errors_by_http_status", "scenario")

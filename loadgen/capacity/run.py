@@ -25,9 +25,12 @@ from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step
 from loadgen.capacity.step import CapacityRunner
 from loadgen.drivers.event_loop import run_sync
-from loadgen.results.rundir import write_summary
+from loadgen.results.rundir import read_run_records, write_summary
 from loadgen.results.runmeta import now_iso, run_metadata
+from loadgen.results.summary import prompt_length_of
 from loadgen.scenario.model import Scenario
+from loadgen.scenario.steps import step_specs
+from loadgen.target.prepare import TargetOptions, prepare_target
 
 # ------------------------------------------------------------------ the run
 
@@ -130,9 +133,11 @@ def _f(x: float | None) -> str:
 def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = None,
                  engine_opts: dict[str, Any] | None = None, model: str | None = None, progress: bool = True,
                  scenario_path: str | None = None, log: Callable[[str], None] | None = None,
-                 driver: str = "aiohttp", workers: int = 1) -> CapacityResult:
-    """The whole capacity run: start the embedded engine when there is no target, search, write the
-    run folder. Raises EngineStartError / TargetError for a target that cannot be used at all."""
+                 driver: str = "aiohttp", workers: int = 1,
+                 target_options: TargetOptions | None = None) -> CapacityResult:
+    """The whole capacity run: start the embedded engine when there is no target, probe it and fit the
+    requests to it, search, write the run folder. Raises EngineStartError / TargetError / ProbeError for
+    a target that cannot be used at all, TargetFitError / TokenizerError for what it cannot be asked."""
     from loadgen.capacity.display import CapacityDisplay
     from loadgen.target.embedded import EmbeddedEngine
 
@@ -160,10 +165,13 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
         meta["engine_start_s"] = engine_start_s
         meta["driver"] = driver
         meta["workers"] = workers
+        sample = step_specs(scn, plan.search.axis, plan.search.start, 0, 0.0, plan.step.step_duration_s)
+        prepared = prepare_target(target, model, sample, target_options or TargetOptions())
+        meta.update(prepared.as_summary())
         unit = "users" if plan.closed else "req/s"
         display = CapacityDisplay(f"slobench capacity: {scn.name}", unit, list(plan.slos), enabled=progress)
         try:
-            result = run_sync(lambda: _search_main(plan, run_dir, target, model, engine, display, meta, wall0,
+            result = run_sync(lambda: _search_main(plan, run_dir, target, prepared, engine, display, meta, wall0,
                                                    driver, workers))
         finally:
             display.close()
@@ -173,16 +181,17 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
     return result
 
 
-async def _search_main(plan, run_dir, target, model, engine, display, meta, wall0, driver="aiohttp",
+async def _search_main(plan, run_dir, target, prepared, engine, display, meta, wall0, driver="aiohttp",
                        workers=1) -> CapacityResult:
-    runner = CapacityRunner(plan, run_dir, target, model=model, watch=engine.died if engine else None,
+    runner = CapacityRunner(plan, run_dir, target, prepared=prepared, watch=engine.died if engine else None,
                             display=display, driver=driver, workers=workers)
     loop = asyncio.get_running_loop()
     await runner.open()
     meta["model"] = runner.model
     (run_dir / "config.json").write_text(json.dumps(
         {"scenario": meta.get("scenario"), "target": target, "model": runner.model, "engine": meta.get("engine"),
-         "search": dataclasses.asdict(plan.search), "step": dataclasses.asdict(plan.step)}, indent=2,
+         "search": dataclasses.asdict(plan.search), "step": dataclasses.asdict(plan.step),
+         "request_fit": meta.get("request_fit")}, indent=2,
         default=str) + "\n")
     loop.add_signal_handler(signal.SIGINT, runner.stop, "interrupted (Ctrl-C)")
     search = CapacitySearch(plan.search)
@@ -203,6 +212,7 @@ async def _search_main(plan, run_dir, target, model, engine, display, meta, wall
     outcome = search.outcome()
     summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
                             complete=runner.stopped is None, stopped=runner.stopped)
+    summary["prompt_length"] = prompt_length_of(read_run_records(run_dir))  # over every step's requests
     write_summary(run_dir, summary)
     return CapacityResult(run_dir, summary, runner.stopped)
 

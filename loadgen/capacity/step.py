@@ -32,6 +32,7 @@ from loadgen.results import latency
 from loadgen.results.records import RecordWriter, RequestRecord
 from loadgen.results.rundir import read_metrics
 from loadgen.scenario.steps import step_specs
+from loadgen.target.prepare import PreparedTarget
 from loadgen.target.scrape import Scraper, scrape_once
 
 
@@ -50,7 +51,7 @@ class StepRecordWriter(RecordWriter):
 class CapacityRunner:
     """Measures load steps against one target, on one clock, into one run folder."""
 
-    def __init__(self, plan: CapacityPlan, run_dir: Path, target: str, *, model: str | None = None,
+    def __init__(self, plan: CapacityPlan, run_dir: Path, target: str, *, prepared: PreparedTarget | None = None,
                  watch: Callable[[], str | None] | None = None, display=None, scrape: bool = True,
                  driver: str = "aiohttp", workers: int = 1):
         self.plan = plan
@@ -58,7 +59,8 @@ class CapacityRunner:
         self.workers = workers
         self.run_dir = Path(run_dir)
         self.target = target.rstrip("/")
-        self.model = model
+        self.prepared = prepared  # what the target accepts; None: send everything (a sweep against a known target)
+        self.model = prepared.model if prepared else None
         self.watch = watch
         self.display = display
         self.scrape = scrape
@@ -79,6 +81,8 @@ class CapacityRunner:
         self.writer = StepRecordWriter(req)
         cfg = ClientConfig(self.target, model=self.model, max_connections=s.max_connections,
                            read_timeout_s=s.read_timeout_s)
+        if self.prepared is not None:
+            cfg.shape = self.prepared.shape
         self.driver = make_driver(self.driver_kind, cfg, self.writer, workers=self.workers, work_dir=self.run_dir,
                                   drain_s=self.plan.drain_s, tier_slos=s.tier_slos)
         await self.driver.open()
@@ -114,6 +118,8 @@ class CapacityRunner:
         await self._settle()
         dur = plan.step.step_duration_s
         specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur)  # built before the clock runs
+        if self.prepared is not None:
+            self.prepared.adapt(specs)  # text prompts for a target that takes only text
         concurrency = int(load) if plan.closed else 0
         await driver.warm_up(connections_needed(specs, concurrency, plan.scenario.max_connections))
         start = self.clock() + driver.start_lead_s

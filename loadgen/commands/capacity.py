@@ -11,7 +11,8 @@ import json
 import sys
 from typing import Any
 
-from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError, run_dir_from
+from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError, run_dir_from, target_options
+from loadgen.commands.summary_table import print_target_fit
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -24,6 +25,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from loadgen.scenario.steps import step_specs
     from loadgen.target.discovery import TargetError
     from loadgen.target.embedded import EngineStartError
+    from loadgen.target.probe import ProbeError
+    from loadgen.target.request_shape import TargetFitError
+    from loadgen.workload.exact_text import ExactLengthError
+    from loadgen.workload.tokenizer import TokenizerError
 
     try:
         scn = load_scenario(args.scenario, overrides=list(args.set or []))
@@ -44,13 +49,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     try:
         res = run_capacity(scn, run_dir, target=target, engine_opts=engine_opts, model=args.model or scn.model,
                            progress=not args.no_progress, scenario_path=str(args.scenario), log=say,
-                           driver=args.driver, workers=args.workers or 1)
+                           driver=args.driver, workers=args.workers or 1, target_options=target_options(args, scn))
     except EngineStartError as e:
         say(f"error: could not start the reference engine: {e}")
         return EXIT_FAIL
-    except TargetError as e:
+    except (TargetError, ProbeError) as e:
         say(f"error: {e}")
         return EXIT_FAIL
+    except (TargetFitError, TokenizerError, ExactLengthError) as e:
+        raise UsageError(str(e)) from None
     s = res.summary
     if args.json:
         print(json.dumps(s, indent=2, default=json_default))
@@ -92,5 +99,6 @@ def print_verdict(s: dict[str, Any]) -> None:
     else:
         con.print("[bold red]no rated capacity[/]")
     con.print(s["verdict_text"])
+    print_target_fit(con, s)
     if not s.get("valid"):
         con.print(f"[bold red]INVALID RUN:[/] {s.get('invalid_reason', '')}")

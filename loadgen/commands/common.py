@@ -40,3 +40,14 @@ def goodput_slos(items: Iterable[str] | None) -> dict[str, float]:
 def pick(cli_value, default):
     """The command-line value when one was given (0 included), else the scenario's."""
     return default if cli_value is None else cli_value
+
+
+def target_options(args: argparse.Namespace, scenario=None):
+    """How to fit the requests to the target: ``--no-probe``, ``--tokenizer DIR``, and the fields the
+    scenario asked for explicitly (``workload.ignore_eos: true``, ``client.send_tier``)."""
+    from loadgen.target.prepare import TargetOptions
+
+    return TargetOptions(probe=not getattr(args, "no_probe", False), tokenizer_dir=getattr(args, "tokenizer", None),
+                         explicit=set(scenario.explicit_fields) if scenario is not None else set(),
+                         send_tier=scenario.send_tier if scenario is not None else None)
+

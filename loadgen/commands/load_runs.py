@@ -17,6 +17,7 @@ from loadgen.commands.common import (
     goodput_slos,
     pick,
     run_dir_from,
+    target_options,
 )
 from loadgen.commands.summary_table import print_summary
 from loadgen.results.latency import LATENESS_BOUND_MS
@@ -39,6 +40,7 @@ class LoadRun:
     concurrency: int
     read_timeout_s: float
     meta: dict[str, Any]
+    scenario: Any = None  # the Scenario of `run` (its explicit request fields); None for `replay`
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -62,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         lateness_bound_ms=pick(args.lateness_bound_ms, scn.lateness_bound_ms),
         concurrency=scn.arrivals.concurrency if scn.arrivals and scn.arrivals.closed else 0,
         read_timeout_s=scn.read_timeout_s,
-        meta={"scenario": str(args.scenario), "scenario_name": scn.name, "workload": info}))
+        meta={"scenario": str(args.scenario), "scenario_name": scn.name, "workload": info}, scenario=scn))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -105,6 +107,10 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
     from loadgen.fixed_load import RunOptions, execute
     from loadgen.target.discovery import TargetError
     from loadgen.target.embedded import EmbeddedEngine, EngineStartError
+    from loadgen.target.probe import ProbeError
+    from loadgen.target.request_shape import TargetFitError
+    from loadgen.workload.exact_text import ExactLengthError
+    from loadgen.workload.tokenizer import TokenizerError
 
     if not run.specs:
         raise UsageError("the workload has no requests")
@@ -129,14 +135,17 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
             progress=not args.no_progress and sys.stderr.isatty(), goodput=goodput, tier_slos=run.tier_slos,
             lateness_bound_ms=run.lateness_bound_ms, watch=engine.died if engine else None,
             meta={**run.meta, "engine": run.engine_opts if engine else None},
+            target_options=target_options(args, run.scenario),
         )
         result = execute(run.specs, opts)
     except EngineStartError as e:
         print(f"error: could not start the reference engine: {e}", file=sys.stderr)
         return EXIT_FAIL
-    except TargetError as e:
+    except (TargetError, ProbeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAIL
+    except (TargetFitError, TokenizerError, ExactLengthError) as e:
+        raise UsageError(str(e)) from None
     finally:
         if engine:
             engine.stop()

@@ -49,4 +49,20 @@ def print_summary(s: dict[str, Any], run_dir: Path, as_json: bool) -> None:
                       f"({100 * e['slo_attainment']:.1f}%)")
     if not s.get("valid", True) and s.get("invalid_reason"):
         con.print(f"[bold red]INVALID RUN:[/] {s['invalid_reason']}")
+    print_target_fit(con, s)
     con.print(f"results: {run_dir}/ (requests.jsonl, metrics.jsonl, summary.json)")
+
+
+def print_target_fit(con, s: dict[str, Any]) -> None:
+    """What the target did not accept and what that means; prompt lengths off their intent."""
+    from rich.markup import escape
+
+    probe = s.get("target_probe") or {}
+    fit = s.get("request_fit") or {}
+    if fit.get("dropped"):
+        con.print(f"target ({probe.get('server', 'unknown')}): not sent: {', '.join(fit['dropped'])}")
+    for note in fit.get("notes") or []:
+        con.print(f"[yellow]note:[/] {escape(note)}")
+    pl = s.get("prompt_length") or {}
+    if pl.get("flagged") and pl.get("note"):
+        con.print(f"[bold yellow]prompt lengths:[/] {escape(pl['note'])}")

@@ -137,6 +137,12 @@ def _verdicts(run: d.RunData) -> list[dict[str, str]]:
                         "text": f"{ok} of {total} requests succeeded."})
     if s.get("stopped_early"):
         out.append({"cls": "warn", "text": f"The run ended early: {s['stopped_early']}"})
+    fit = s.get("request_fit") if isinstance(s.get("request_fit"), dict) else {}
+    for note in fit.get("notes") or []:  # what the target did not accept, and what that means for the numbers
+        out.append({"cls": "warn", "text": f"Target: {note}"})
+    pl = s.get("prompt_length") if isinstance(s.get("prompt_length"), dict) else {}
+    if pl.get("flagged") and pl.get("note"):
+        out.append({"cls": "warn", "text": f"Prompt lengths: {pl['note']}"})
     if s.get("valid") is False:
         out.append({"cls": "bad", "text": "INVALID RUN: " + str(s.get("invalid_reason") or
                                                                "the load generator could not keep its schedule")})
@@ -177,7 +183,8 @@ def _meta(run: d.RunData) -> dict[str, Any]:
     s = run.summary
     keys = ("kind", "run_id", "scenario", "target", "driver", "model", "started_at", "duration_s", "duration",
             "git_commit", "versions", "machine", "client_lateness", "lateness", "valid", "invalid_reason",
-            "verdict", "verdict_text", "axis", "slo", "headroom", "goodput_slo", "stopped_early", "requests_planned")
+            "verdict", "verdict_text", "axis", "slo", "headroom", "goodput_slo", "stopped_early", "requests_planned",
+            "target_probe", "request_fit", "prompt_length", "scrape")
     meta: dict[str, Any] = {"kind": run.kind, "run_id": run.run_id, "folder": str(run.path)}
     for k in keys:
         if k in s and k not in ("kind", "run_id"):

@@ -189,3 +189,11 @@ def prompt_length_truth(okd: pd.DataFrame) -> dict[str, Any]:
         out["note"] = (f"prompts were {100 * out['mean_drift']:+.1f}% off their intended length on average (server "
                        f"count vs intended): pass the server's tokenizer (--tokenizer DIR) for exact lengths")
     return out
+
+
+def prompt_length_of(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """``prompt_length_truth`` of a run's successful records (a capacity run's, over all its steps)."""
+    df = request_frame(list(records))
+    if df.empty:
+        return prompt_length_truth(pd.DataFrame(columns=["prompt_tokens", "prompt_tokens_intended"]))
+    return prompt_length_truth(df[df["status"] == "ok"])

@@ -1,0 +1,106 @@
+"""Before any load: find the model, probe what the target accepts, fit the requests to it, and make the
+workload's prompts text of their intended length when the target takes only text.
+
+``prepare_target`` runs once per run (fixed or capacity), before the clock starts; ``PreparedTarget.adapt``
+converts each batch of request specs (a fixed run's, or each capacity step's) in place. The tokenizer
+that measures the text is, in order: ``--tokenizer DIR``; the server's own ``/tokenize``; none — then
+lengths are approximate (about one token per word), the summary says so, and the server's usage counts
+show the real lengths (``summary.prompt_length``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadgen.target.discovery import discover_model
+from loadgen.target.probe import PROBE_TEXT, Capabilities, probe
+from loadgen.target.request_shape import RequestShape, TargetFit, fit_request_shape
+from loadgen.target.tokenize import ServerTokenizer
+from loadgen.workload.exact_text import TextMaker
+from loadgen.workload.specs import RequestSpec
+from loadgen.workload.text_prompts import to_text
+from loadgen.workload.tokenizer import Tokenizer, WordTokenizer, load_tokenizer
+
+
+@dataclass
+class TargetOptions:
+    """How to fit the requests to the target (the command line and the scenario's ``client`` section)."""
+
+    probe: bool = True  # False: trust the target to accept every field and token-id prompts
+    tokenizer_dir: Path | None = None
+    api_key: str | None = None
+    explicit: set[str] = field(default_factory=set)  # fields asked for explicitly: an error when rejected
+    send_tier: bool | None = None  # False: never send tiers; None: when accepted
+
+
+@dataclass
+class PreparedTarget:
+    model: str
+    fit: TargetFit
+    caps: Capabilities | None = None  # None: not probed
+    maker: TextMaker | None = None  # texts of exact lengths, when prompts must be text
+    tokenizer_source: str | None = None
+    overhead_tokens: int = 0  # tokens the server adds to every prompt (BOS, the chat template)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def shape(self) -> RequestShape:
+        return self.fit.shape
+
+    def adapt(self, specs: list[RequestSpec]) -> None:
+        """Make the specs' prompts what the target takes (in place; a no-op for a lenient target)."""
+        if self.maker is not None:
+            self.maker = to_text(specs, self.maker, chat=self.shape.chat, overhead_tokens=self.overhead_tokens)
+
+    def as_summary(self) -> dict[str, Any]:
+        """The ``target_probe`` and ``request_fit`` keys of ``summary.json``."""
+        fit = self.fit.as_dict() | {"tokenizer": self.tokenizer_source, "overhead_tokens": self.overhead_tokens,
+                                    "warnings": list(self.warnings)}
+        fit["notes"] = list(fit["notes"]) + list(self.warnings)
+        return {"target_probe": self.caps.as_dict() if self.caps else None, "request_fit": fit}
+
+
+def prepare_target(target: str, model: str | None, specs: list[RequestSpec], opts: TargetOptions) -> PreparedTarget:
+    """Blocking (call it before the run's event loop starts). Raises TargetError (unreachable target),
+    ProbeError (it answers no completion request), TargetFitError (an explicit field is rejected),
+    TokenizerError (a bad ``--tokenizer`` folder)."""
+    model = model or discover_model(target)
+    tokenizer = load_tokenizer(opts.tokenizer_dir) if opts.tokenizer_dir else None  # a bad folder fails first
+    if not opts.probe:
+        shape = RequestShape(service_tier=opts.send_tier is not False)
+        return PreparedTarget(model, TargetFit(shape, notes=["the target was not probed (--no-probe): every "
+                                                              "optional field and token-id prompts are sent"]))
+    caps = asyncio.run(probe(target, model, opts.api_key))
+    fit = fit_request_shape(caps, explicit=opts.explicit, uses_tiers=any(s.tier for s in specs),
+                            token_prompts=any(s.kind == "tokens" for s in specs))
+    if opts.send_tier is False:
+        fit.shape.service_tier = False
+    prepared = PreparedTarget(model, fit, caps)
+    if fit.shape.text_prompts or fit.shape.chat:
+        _text_source(prepared, target, tokenizer)
+    return prepared
+
+
+def _text_source(prepared: PreparedTarget, target: str, tokenizer: Tokenizer | None) -> None:
+    """The tokenizer the texts are measured with, and the tokens the server adds to each prompt."""
+    caps = prepared.caps
+    if tokenizer is not None:
+        prepared.tokenizer_source = f"--tokenizer {tokenizer.name}"
+    elif caps.tokenize_endpoint:
+        tokenizer = ServerTokenizer(target, prepared.model)
+        prepared.tokenizer_source = f"the server's /tokenize ({prepared.model})"
+    else:
+        tokenizer = WordTokenizer()
+        prepared.tokenizer_source = "none: about one token per word"
+        prepared.warnings.append("no tokenizer for the target's model (pass --tokenizer DIR): prompt lengths are "
+                                 "approximate, about one token per word; the server's usage counts are the real "
+                                 "ones (summary: prompt_length)")
+    endpoint = "chat" if prepared.shape.chat else "completions"
+    counted = caps.probe_prompt_tokens.get(endpoint)
+    if counted is not None and not isinstance(tokenizer, WordTokenizer):
+        # what the server adds to every prompt (a BOS, the chat template): the texts are that much shorter
+        prepared.overhead_tokens = max(0, counted - len(tokenizer.encode(PROBE_TEXT)))
+    prepared.maker = TextMaker(tokenizer)
