@@ -1,0 +1,172 @@
+"""The reference engine far past its rated load: nothing lost, promises kept, goodput held (issue: the
+engine under memory pressure).
+
+Starts ``slobench serve --model tiny`` (the embedded engine, SLO-aware admission by default), rates it
+with ``slobench capacity scenarios/chat.yaml`` against that same server (unless ``--rated`` is given),
+then sends chat.yaml's workload with a 10 % premium / 60 % standard / 30 % basic mix for ``--rated-s`` at
+the rated load and for ``--overload-s`` at ``--factor`` x that load, and reports for each:
+
+- lost requests: neither ok nor refused with 429 (a 500, a timeout, a dropped stream) — goal 0;
+- p99 TTFT of the accepted premium and standard requests — goals <= 300 ms and <= 800 ms;
+- goodput: requests per second that succeeded and met their tier's promise (basic: succeeded) — goal:
+  at the overload, at least 90 % of the goodput at the rated load;
+- 429s per tier and their Retry-After; the server's RSS before and after, and its KV usage once idle
+  (goal: back to 0).
+
+    .venv/bin/python bench/overload_bench.py --json bench/results/overload.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadgen.results import latency  # noqa: E402
+from loadgen.results.records import read_records  # noqa: E402
+from loadgen.target.embedded import EmbeddedEngine  # noqa: E402
+from loadgen.target.scrape import scrape_once  # noqa: E402
+
+PROMISE_MS = {"premium": 300.0, "standard": 800.0}
+MIX = {"premium": 1, "standard": 6, "basic": 3}
+SCENARIO = """name: overload
+workload:
+  type: synthetic
+  input_len: {{dist: lognormal, mean: 96, sigma: 0.5, min: 16, max: 512}}
+  output_len: {{dist: uniform, min: 16, max: 48}}
+  shared_prefix: {{num_prompts: 4, length: 64, ratio: 0.5}}
+tiers:
+  premium: {{weight: {premium}, slo: {{ttft_ms: 300}}}}
+  standard: {{weight: {standard}, slo: {{ttft_ms: 800}}}}
+  basic: {{weight: {basic}}}
+load: {{arrival: poisson, rate: {rate}, duration_s: {duration}}}
+client: {{lateness_bound_ms: 50}}
+"""
+
+
+def rss_kb(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def idle_kv(url: str, timeout_s: float = 30.0) -> float | None:
+    """KV usage once nothing is running or waiting (None when the page has no such gauge)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = scrape_once(url + "/metrics", ("vllm:",))
+        busy = sum(v for k, v in m.items() if k.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")))
+        kv = [v for k, v in m.items() if k.startswith("vllm:kv_cache_usage_perc")]
+        if busy == 0 or time.monotonic() > deadline:
+            return max(kv) if kv else None
+        time.sleep(0.5)
+
+
+def rate_it(url: str, out: Path) -> float:
+    r = subprocess.run([sys.executable, "-m", "loadgen.cli", "capacity", str(REPO / "scenarios" / "chat.yaml"),
+                        "--target", url, "--out", str(out), "--json", "--no-progress", "--no-report"],
+                       cwd=REPO, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"capacity run failed: {r.stderr[-2000:]}")
+    rated = json.loads(r.stdout)["rated_capacity"]
+    return float(rated["rate_rps"])
+
+
+def load_run(url: str, rate: float, duration: float, out: Path) -> dict:
+    scn = out.with_suffix(".yaml")
+    scn.write_text(SCENARIO.format(rate=rate, duration=duration, **MIX))
+    r = subprocess.run([sys.executable, "-m", "loadgen.cli", "run", str(scn), "--target", url, "--out", str(out),
+                        "--no-progress", "--no-report", "--no-scrape", "--json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=duration + 600)
+    recs = read_records(out / "requests.jsonl")
+    span = max(r["scheduled_s"] for r in recs) - min(r["scheduled_s"] for r in recs) if recs else 0.0
+    res: dict = {"rate_rps": rate, "duration_s": duration, "exit_code": r.returncode, "requests": len(recs),
+                 "ok": sum(1 for x in recs if x["status"] == "ok"),
+                 "rejected_429": sum(1 for x in recs if x["status"] == "rejected"),
+                 "lost": sum(1 for x in recs if x["status"] not in ("ok", "rejected")),
+                 "lost_statuses": sorted({f"{x['status']}:{x['http_status']}" for x in recs
+                                          if x["status"] not in ("ok", "rejected")}),
+                 "tiers": {}}
+    good = 0
+    for tier in MIX:
+        rs = [x for x in recs if x["tier"] == tier]
+        ok = [x for x in rs if x["status"] == "ok"]
+        ttft = [latency.ttft_ms(x) for x in ok]
+        promise = PROMISE_MS.get(tier)
+        met = [x for x in ok if promise is None or latency.ttft_ms(x) <= promise]
+        good += len(met)
+        res["tiers"][tier] = {"requests": len(rs), "accepted_ok": len(ok),
+                              "rejected_429": sum(1 for x in rs if x["status"] == "rejected"),
+                              "p50_ttft_ms": latency.percentile(ttft, 50), "p99_ttft_ms": latency.percentile(ttft, 99),
+                              "promise_ms": promise, "met_promise": len(met)}
+    res["goodput_rps"] = good / span if span > 0 else None
+    retry = [x["error"] for x in recs if x["status"] == "rejected"][:3]
+    res["rejection_examples"] = retry
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rated", type=float, help="the rated load in req/s (default: rate the server first)")
+    ap.add_argument("--factor", type=float, default=10.0)
+    ap.add_argument("--rated-s", type=float, default=30.0)
+    ap.add_argument("--overload-s", type=float, default=60.0)
+    ap.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="engine option (e.g. admission=queue-length for the baseline)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    opts = {"model": "tiny", "max_num_seqs": 64}
+    for kv in args.engine_opt:
+        k, _, v = kv.partition("=")
+        opts[k] = v
+    out: dict = {"engine": opts, "mix": MIX, "promises_ms": PROMISE_MS}
+    with tempfile.TemporaryDirectory() as d:
+        engine = EmbeddedEngine(opts, log_path=Path(d) / "engine.log")
+        url = engine.start()
+        try:
+            pid = engine.proc.pid
+            out["rated_rps"] = args.rated or rate_it(url, Path(d) / "capacity")
+            out["rated_from"] = "--rated" if args.rated else "slobench capacity scenarios/chat.yaml (this server)"
+            print(f"rated load {out['rated_rps']:.1f} req/s", flush=True)
+            out["rss_kb_before"] = rss_kb(pid)
+            out["at_rated"] = load_run(url, out["rated_rps"], args.rated_s, Path(d) / "rated")
+            out["kv_after_rated"] = idle_kv(url)
+            out["overload"] = load_run(url, args.factor * out["rated_rps"], args.overload_s, Path(d) / "overload")
+            out["kv_after_overload"] = idle_kv(url)
+            out["rss_kb_after"] = rss_kb(pid)
+        finally:
+            engine.stop()
+    a, o = out["at_rated"], out["overload"]
+    out["goodput_ratio"] = o["goodput_rps"] / a["goodput_rps"] if a["goodput_rps"] else None
+    out["goals"] = {
+        "nothing_lost": o["lost"] == 0 and a["lost"] == 0,
+        "premium_p99_le_300": (o["tiers"]["premium"]["p99_ttft_ms"] or 0) <= 300,
+        "standard_p99_le_800": (o["tiers"]["standard"]["p99_ttft_ms"] or 0) <= 800,
+        "goodput_ge_90pct": out["goodput_ratio"] is not None and out["goodput_ratio"] >= 0.9,
+        "kv_back_to_0": out["kv_after_overload"] in (0, 0.0),
+    }
+    for name, r in (("rated", a), ("overload", o)):
+        t = r["tiers"]
+        print(f"{name:8s} {r['rate_rps']:6.1f} req/s: {r['requests']} requests, ok {r['ok']}, 429 {r['rejected_429']}, "
+              f"lost {r['lost']}; p99 TTFT premium {t['premium']['p99_ttft_ms']} ms, standard "
+              f"{t['standard']['p99_ttft_ms']} ms; goodput {r['goodput_rps']:.1f} req/s")
+    print(f"goodput at overload / at rated: {out['goodput_ratio']:.2f}; RSS {out['rss_kb_before']} -> "
+          f"{out['rss_kb_after']} kB; KV idle after: {out['kv_after_overload']}; goals {out['goals']}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
