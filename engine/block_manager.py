@@ -14,34 +14,16 @@ Only ids and counts live here; the model runner moves the actual K/V (copies and
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from engine.block_ops import COPY, SWAP_IN, SWAP_OUT, BlockOps
 
 
 class NoFreeBlocksError(RuntimeError):
     pass
-
-
-@dataclass
-class BlockOps:
-    """Physical work for the model runner before the step's forward pass, in this order.
-
-    Swap-outs first: the blocks they free may be taken again in the same step (as copy-on-write targets).
-    Then swap-ins, then copies: a forked sequence may copy a block that was just swapped in. The scheduler
-    never swaps in and out in the same step, so a freed host block is never overwritten before it is read.
-    """
-
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # (src device block, dst device block)
-
-    def extend(self, other: BlockOps) -> None:
-        self.swap_out += other.swap_out
-        self.swap_in += other.swap_in
-        self.copies += other.copies
-
-    def __bool__(self) -> bool:
-        return bool(self.swap_in or self.copies or self.swap_out)
 
 
 _NO_OPS = BlockOps()  # returned when nothing moves; never mutated (callers extend their own)
@@ -62,8 +44,12 @@ class KVStats:
     prefix_hit_tokens: int
 
 
-def chain_hash(parent: int | None, tokens: list[int] | tuple[int, ...]) -> int:
-    return hash((parent, tuple(tokens)))
+def chain_hash(parent: bytes | None, tokens: list[int] | tuple[int, ...]) -> bytes:
+    """sha256 over the parent block's hash and this block's token ids (vLLM's choice: Python's hash() of
+    a tuple collides, and a collision would hand a request another prompt's KV)."""
+    h = hashlib.sha256(parent or b"")
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
 
 
 class BlockManager:
@@ -78,14 +64,16 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
 
         self.ref_count = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.hash_to_block: dict[int, int] = {}
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        # What a cached block holds, (parent hash, token ids): a hit compares it, never trusting the hash alone.
+        self.block_key: list[tuple[bytes | None, tuple[int, ...]] | None] = [None] * num_blocks
+        self.hash_to_block: dict[bytes, int] = {}
         self.free_ids: deque[int] = deque(range(num_blocks))
         self.evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, LRU first
 
         self.tables: dict[int, list[int]] = {}  # seq id -> device block ids
         self.filled: dict[int, int] = {}  # seq id -> tokens whose K/V are written
-        self.hashes: dict[int, list[int]] = {}  # seq id -> chain hashes of its full, computed blocks
+        self.hashes: dict[int, list[bytes]] = {}  # seq id -> chain hashes of its full, computed blocks
 
         self.host_ref_count = [0] * num_host_blocks
         self.host_free_ids: deque[int] = deque(range(num_host_blocks))
@@ -116,7 +104,7 @@ class BlockManager:
         elif self.evictable:
             block, _ = self.evictable.popitem(last=False)
             del self.hash_to_block[self.block_hash[block]]
-            self.block_hash[block] = None
+            self.block_hash[block] = self.block_key[block] = None
         else:
             raise NoFreeBlocksError("no free KV blocks")
         self.ref_count[block] = 1
@@ -135,30 +123,40 @@ class BlockManager:
             del self.evictable[block]
         self.ref_count[block] += 1
 
-    def allocate_prefix(self, seq_id: int, token_ids: list[int]) -> int:
+    def allocate_prefix(self, seq_id: int, token_ids: list[int], shared_from: int | None = None,
+                        num_shared: int = 0) -> int:
         """Start a table for a new sequence, taking references on cached blocks of its prefix.
 
-        Returns how many leading tokens are already in the cache. At least one token is always left to
-        compute, since the model must run on the last prompt token to produce the first output.
+        With `shared_from`, the table starts with that sequence's first `num_shared` blocks, which must hold
+        the same tokens with their K/V written (the other sequences of a request that restarts after losing
+        its KV share its prompt this way, with or without the prefix cache). Returns how many leading tokens
+        are already in the cache. At least one token is always left to compute, since the model must run
+        on the last prompt token to produce the first output.
         """
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has a block table")
         table: list[int] = []
-        hashes: list[int] = []
-        if self.enable_prefix_caching:
+        hashes: list[bytes] = []
+        if shared_from is not None and num_shared:
+            table = self.tables[shared_from][:num_shared]
+            hashes = self.hashes[shared_from][:num_shared]
+            for block in table:
+                self.ref_count[block] += 1
+        if self.enable_prefix_caching and len(hashes) == len(table):
             self.prefix_query_tokens += len(token_ids)
             bs = self.block_size
-            parent = None
-            for i in range((len(token_ids) - 1) // bs):
-                h = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            parent = hashes[-1] if hashes else None
+            for i in range(len(table), (len(token_ids) - 1) // bs):
+                tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+                h = chain_hash(parent, tokens)
                 block = self.hash_to_block.get(h)
-                if block is None:
+                if block is None or self.block_key[block] != (parent, tokens):
                     break
                 self._acquire_cached(block)
                 table.append(block)
                 hashes.append(h)
                 parent = h
-            self.prefix_hit_tokens += len(table) * bs
+            self.prefix_hit_tokens += (len(table) - min(num_shared, len(table))) * bs
         self.tables[seq_id] = table
         self.hashes[seq_id] = hashes
         self.filled[seq_id] = len(table) * self.block_size
@@ -187,7 +185,7 @@ class BlockManager:
             dst = self._take_block()
             self._release_block(src)
             table[i] = dst
-            ops.copies.append((src, dst))
+            ops.add(COPY, src, dst)
         while len(table) * self.block_size < num_slots:
             table.append(self._take_block())
         return ops
@@ -200,12 +198,14 @@ class BlockManager:
         table, hashes, bs = self.tables[seq_id], self.hashes[seq_id], self.block_size
         while len(hashes) < num_computed // bs:
             i = len(hashes)
-            h = chain_hash(hashes[-1] if hashes else None, token_ids[i * bs : (i + 1) * bs])
+            parent, tokens = hashes[-1] if hashes else None, tuple(token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(parent, tokens)
             hashes.append(h)
             block = table[i]
             # Publish only if no other block holds this content and the block is ours alone to name.
             if h not in self.hash_to_block and self.block_hash[block] is None:
                 self.block_hash[block] = h
+                self.block_key[block] = (parent, tokens)
                 self.hash_to_block[h] = block
 
     def fork(self, parent_id: int, child_id: int) -> None:
@@ -244,7 +244,7 @@ class BlockManager:
         for block in self._distinct_blocks([self.tables[s] for s in seq_ids]):
             host = self.host_free_ids.popleft()
             mapping[block] = host
-            ops.swap_out.append((block, host))
+            ops.add(SWAP_OUT, block, host)
         for s in seq_ids:
             table = self.tables.pop(s)
             self.host_tables[s] = [mapping[b] for b in table]
@@ -256,6 +256,26 @@ class BlockManager:
 
     def host_blocks_of(self, seq_ids: list[int]) -> list[int]:
         return self._distinct_blocks([self.host_tables[s] for s in seq_ids])
+
+    def blocks_to_resume(self, seq_slots: list[tuple[int, int]]) -> int:
+        """Device blocks that swapping these sequences in and growing each to its slot count would take,
+        in that order: their distinct host blocks, then what `ensure_slots` would add (copy-on-write of a
+        block they share included; the last sharer to write keeps the block)."""
+        refs: dict[int, int] = {}
+        for seq_id, _ in seq_slots:
+            for host in self.host_tables[seq_id]:
+                refs[host] = refs.get(host, 0) + 1
+        needed = len(refs)
+        bs = self.block_size
+        for seq_id, num_slots in seq_slots:
+            table = self.host_tables[seq_id]
+            last = -(-num_slots // bs)
+            for i in range(self.filled.get(seq_id, 0) // bs, min(len(table), last)):
+                if refs[table[i]] > 1:
+                    refs[table[i]] -= 1
+                    needed += 1
+            needed += max(0, last - len(table))
+        return needed
 
     def can_swap_in(self, seq_ids: list[int]) -> bool:
         return len(self.host_blocks_of(seq_ids)) <= self.num_free_blocks
@@ -269,7 +289,7 @@ class BlockManager:
             block = self._take_block()
             self.ref_count[block] = 0  # references are counted per table below
             mapping[host] = block
-            ops.swap_in.append((host, block))
+            ops.add(SWAP_IN, host, block)
         for s in seq_ids:
             host_table = self.host_tables.pop(s)
             self.tables[s] = [mapping[h] for h in host_table]
@@ -326,7 +346,7 @@ class BlockManager:
         for h, block in self.hash_to_block.items():
             assert self.block_hash[block] == h, "prefix index points at a block holding other content"
         for block in free:
-            assert self.block_hash[block] is None, "a free block still carries a hash"
+            assert self.block_hash[block] is None and self.block_key[block] is None, "a free block still carries a hash"
         host_expected = [0] * self.num_host_blocks
         for table in self.host_tables.values():
             for block in table:

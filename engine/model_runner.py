@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention import AttentionMetadata
-from engine.block_manager import BlockOps
+from engine.block_ops import SWAP_IN, SWAP_OUT, BlockOps
 from engine.model import CausalLM, ModelConfig, allocate_kv_cache
 from engine.scheduler import ScheduledSeq
 
@@ -26,22 +26,21 @@ class ModelRunner:
 
     # ---- block movement -------------------------------------------------------------------------
     def execute_ops(self, ops: BlockOps) -> None:
-        """Swap out, swap in, then copy-on-write copies (the order BlockOps documents)."""
-        if ops.swap_out:
-            dev, host = self._index(ops.swap_out)
-            for (dk, dv), (hk, hv) in zip(self.kv_caches, self.host_kv_caches, strict=True):
-                hk[host.cpu()] = dk[dev].cpu()
-                hv[host.cpu()] = dv[dev].cpu()
-        if ops.swap_in:
-            host, dev = self._index(ops.swap_in)
-            for (dk, dv), (hk, hv) in zip(self.kv_caches, self.host_kv_caches, strict=True):
-                dk[dev] = hk[host.cpu()].to(self.device, non_blocking=True)
-                dv[dev] = hv[host.cpu()].to(self.device, non_blocking=True)
-        if ops.copies:
-            src, dst = self._index(ops.copies)
-            for k, v in self.kv_caches:
-                k[dst] = k[src]
-                v[dst] = v[src]
+        """Swaps and copy-on-write copies in the order the scheduler asked for them (see BlockOps)."""
+        for kind, pairs in ops.batches():
+            a, b = self._index(pairs)
+            if kind == SWAP_OUT:
+                for (dk, dv), (hk, hv) in zip(self.kv_caches, self.host_kv_caches, strict=True):
+                    hk[b.cpu()] = dk[a].cpu()
+                    hv[b.cpu()] = dv[a].cpu()
+            elif kind == SWAP_IN:
+                for (dk, dv), (hk, hv) in zip(self.kv_caches, self.host_kv_caches, strict=True):
+                    dk[b] = hk[a.cpu()].to(self.device)
+                    dv[b] = hv[a.cpu()].to(self.device)
+            else:
+                for k, v in self.kv_caches:
+                    k[b] = k[a]
+                    v[b] = v[a]
 
     def _index(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = zip(*pairs, strict=True)

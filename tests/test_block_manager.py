@@ -13,7 +13,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.block_manager import BlockManager, BlockOps, NoFreeBlocksError
+from engine import block_manager
+from engine.block_manager import BlockManager, NoFreeBlocksError
+from engine.block_ops import COPY, SWAP_IN, SWAP_OUT, BlockOps
 
 BS = 4
 
@@ -28,12 +30,13 @@ class BlockPoolMachine(RuleBasedStateMachine):
         self.next_id = 0
 
     def _apply(self, ops: BlockOps) -> None:
-        for dev, host in ops.swap_out:
-            self.host[host] = list(self.device.get(dev, [None] * BS))
-        for host, dev in ops.swap_in:
-            self.device[dev] = list(self.host[host])
-        for src, dst in ops.copies:
-            self.device[dst] = list(self.device.get(src, [None] * BS))
+        """Replay the ops as the model runner does: batch by batch, each batch reading before it writes."""
+        for kind, pairs in ops.batches():
+            src_store, dst_store = {"swap_out": (self.device, self.host), "swap_in": (self.host, self.device),
+                                    "copy": (self.device, self.device)}[kind]
+            read = [list(src_store.get(src, [None] * BS)) for src, _ in pairs]
+            for (_, dst), block in zip(pairs, read, strict=True):
+                dst_store[dst] = block
 
     def _write(self, seq: int, upto: int) -> None:
         table, start = self.bm.tables[seq], self.bm.filled[seq]
@@ -69,6 +72,19 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def append(self, data, n):
         seq = data.draw(st.sampled_from(self._resident()))
         self._grow(seq, data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)))
+
+    @precondition(lambda self: any(self.bm.filled[s] >= BS for s in self.bm.tables))
+    @rule(data=st.data(), tail=st.lists(st.integers(0, 2), min_size=1, max_size=6))
+    def share_prefix(self, data, tail):
+        """A sequence starting with another's first full blocks (a restarting n > 1 request's prompt)."""
+        src = data.draw(st.sampled_from([s for s in self._resident() if self.bm.filled[s] >= BS]))
+        k = data.draw(st.integers(1, self.bm.filled[src] // BS))
+        seq, self.next_id = self.next_id, self.next_id + 1
+        tokens = self.tokens[src][: k * BS] + tail
+        cached = self.bm.allocate_prefix(seq, tokens, src, k)
+        assert k * BS <= cached < len(tokens) and self.bm.tables[seq][:k] == self.bm.tables[src][:k]
+        self.tokens[seq] = tokens[:cached]
+        self._grow(seq, tokens[cached:])
 
     @precondition(lambda self: self.bm.tables)
     @rule(data=st.data())
@@ -177,4 +193,61 @@ def test_all_or_nothing_when_short():
     with pytest.raises(NoFreeBlocksError):
         bm.ensure_slots(0, 12)
     assert bm.tables[0] == [] and bm.num_free_blocks == 2
+    bm.check_integrity()
+
+
+def cached_prompt(bm: BlockManager, seq: int, tokens: list[int]) -> None:
+    bm.allocate_prefix(seq, tokens)
+    bm.ensure_slots(seq, len(tokens))
+    bm.commit(seq, tokens, len(tokens))
+
+
+def test_a_prefix_hit_compares_token_ids_not_only_the_hash(monkeypatch):
+    # Every block hashing alike (a collision, as Python's hash() has) must not hand over another prompt's KV.
+    monkeypatch.setattr(block_manager, "chain_hash", lambda parent, tokens: b"same")
+    bm = BlockManager(num_blocks=8, block_size=4)
+    cached_prompt(bm, 0, [1, 2, 3, 4, 9])
+    assert bm.allocate_prefix(1, [5, 6, 7, 8, 9]) == 0, "different tokens, same hash: no hit"
+    assert bm.allocate_prefix(2, [1, 2, 3, 4, 7]) == 4, "the same tokens still hit"
+    bm.check_integrity()
+
+
+def test_the_chain_hash_is_sha256_not_pythons_hash():
+    # hash() of an int is the int modulo 2**61 - 1, so these two blocks collided under hash((parent, tokens)).
+    assert hash((None, (5,) * 4)) == hash((None, (2**61 + 4,) * 4))
+    assert block_manager.chain_hash(None, [5] * 4) != block_manager.chain_hash(None, [2**61 + 4] * 4)
+    bm = BlockManager(num_blocks=8, block_size=4)
+    cached_prompt(bm, 0, [5] * 4 + [1])
+    assert bm.allocate_prefix(1, [2**61 + 4] * 4 + [1]) == 0
+
+
+def test_ops_replay_in_the_order_asked():
+    # A copy-on-write copy into block 3, then a swap-out of block 3: the copy must land first.
+    ops = BlockOps()
+    ops.add(COPY, 1, 3)
+    ops.add(COPY, 2, 4)
+    ops.add(SWAP_OUT, 3, 0)
+    ops.add(SWAP_OUT, 4, 1)
+    ops.add(SWAP_IN, 0, 5)
+    ops.add(SWAP_IN, 7, 5)  # block 5 freed and taken again: the later write must win
+    ops.add(COPY, 5, 6)
+    ops.add(COPY, 6, 8)  # reads what the copy before it wrote: a batch of its own
+    assert ops.batches() == [(COPY, [(1, 3), (2, 4)]), (SWAP_OUT, [(3, 0), (4, 1)]), (SWAP_IN, [(0, 5)]),
+                             (SWAP_IN, [(7, 5)]), (COPY, [(5, 6)]), (COPY, [(6, 8)])]
+    assert ops.copies == [(1, 3), (2, 4), (5, 6), (6, 8)] and ops.swap_in == [(0, 5), (7, 5)]
+
+
+def test_blocks_to_resume_counts_the_copies_a_swapped_group_makes():
+    bm = BlockManager(num_blocks=16, block_size=4, num_host_blocks=16)
+    cached_prompt(bm, 0, [1, 2, 3, 4, 5, 6])  # one full block, one partial
+    bm.fork(0, 1)
+    bm.fork(0, 2)
+    bm.swap_out([0, 1, 2])
+    need = bm.blocks_to_resume([(0, 7), (1, 7), (2, 7)])
+    assert need == 2 + 2, "two blocks back, and two of the three writers copy the shared partial block"
+    free = bm.num_free_blocks
+    bm.swap_in([0, 1, 2])
+    for seq in (0, 1, 2):
+        bm.ensure_slots(seq, 7)
+    assert free - bm.num_free_blocks == need
     bm.check_integrity()
