@@ -7,6 +7,14 @@ import torch
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
 
+SEED_MAX = 2**64 - 1  # torch's seeds: -(2**63) .. 2**64 - 1
+
+
+def completion_seed(seed: int, index: int) -> int:
+    """seed + index, wrapped past 2**64 - 1 (a seed near the top of the range with n > 1 overflowed)."""
+    s = seed + index
+    return s - 2**64 if s > SEED_MAX else s
+
 
 class Sampler:
     def __init__(self, device: torch.device, eos_token_ids: list[int]):
@@ -21,7 +29,7 @@ class Sampler:
         if params.seed is None:
             return None
         generator = torch.Generator(device=self.device)
-        generator.manual_seed(params.seed + index)
+        generator.manual_seed(completion_seed(params.seed, index))
         return generator
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
