@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import EngineError, InvalidRequestError, PromptTooLongError, QueueFullError
+from engine.errors import (
+    CapacityExceededError,
+    EngineError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+    SLOUnattainableError,
+)
 
 RETRY_AFTER_S = 1  # what a 429 for a full queue tells the client to wait
 
@@ -57,6 +64,8 @@ def invalid(param: str, message: str) -> APIError:
 def map_engine_error(e: EngineError) -> APIError:
     if isinstance(e, PromptTooLongError):
         return APIError(400, str(e), param=e.param or "prompt", code="context_length_exceeded")
+    if isinstance(e, CapacityExceededError):
+        return APIError(400, str(e), param=e.param or "max_tokens", code="exceeds_engine_capacity")
     if isinstance(e, InvalidRequestError):
         return APIError(400, str(e), param=e.param or "prompt", code="invalid_value")
     if isinstance(e, QueueFullError):
@@ -66,5 +75,13 @@ def map_engine_error(e: EngineError) -> APIError:
             param="service_tier",
             code="queue_full",
             headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    if isinstance(e, SLOUnattainableError):
+        return APIError(
+            429,
+            str(e),
+            param="service_tier",
+            code="slo_unattainable",
+            headers={"Retry-After": str(e.retry_after_s)},
         )
     return APIError(400, str(e), code="invalid_request")

@@ -41,6 +41,10 @@ class EngineConfig:
         default_factory=lambda: {"premium": 256, "standard": 512, "basic": 1024}
     )
     kv_watermark: float = 0.9  # KV usage at which admissions stop and swapping starts
+    # Admission (engine/admission.py): "slo" refuses (429) a request whose estimated queue wait would break
+    # its tier's TTFT promise; "queue-length" only bounds each tier's queue (max_waiting_per_tier).
+    admission: str = "slo"
+    tier_ttft_slo_ms: dict[str, float] = field(default_factory=lambda: {"premium": 300.0, "standard": 800.0})
 
     # Kernels
     use_triton: bool | None = None  # None: on CUDA when triton imports
@@ -56,6 +60,10 @@ class EngineConfig:
             raise ValueError("rebatch_interval must be at least 1")
         if not 0.0 < self.kv_watermark <= 1.0:
             raise ValueError("kv_watermark must be in (0, 1]")
+        if self.admission not in ("slo", "queue-length"):
+            raise ValueError(f"admission must be 'slo' or 'queue-length', got {self.admission!r}")
+        if set(self.tier_ttft_slo_ms) - set(TIERS):
+            raise ValueError(f"tier_ttft_slo_ms: unknown tiers {sorted(set(self.tier_ttft_slo_ms) - set(TIERS))}")
         if not 0.0 <= self.premium_reserved_kv_frac < 1.0:
             raise ValueError("premium_reserved_kv_frac must be in [0, 1)")
 

@@ -13,16 +13,23 @@ from collections import deque
 
 import torch
 
+from engine.admission import AdmissionEstimator, QueueSnapshot
 from engine.block_manager import BlockManager
 from engine.config import TIERS, EngineConfig, normalize_tier
-from engine.errors import InvalidRequestError, PromptTooLongError, QueueFullError
+from engine.errors import (
+    CapacityExceededError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+    SLOUnattainableError,
+)
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor, build_output
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampler import Sampler
 from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledSeq, Scheduler
+from engine.scheduler import ScheduledSeq, Scheduler, kv_blocks_alone
 from engine.sequence import Request, SeqStatus, Sequence
 from engine.timing import StepClock, StepTimes, record_scheduled, record_token_step
 
@@ -59,6 +66,9 @@ class Engine:
         self._inbox: deque[tuple[str, object]] = deque()
         self._inbox_lock = threading.Lock()
         self._pending_by_tier = dict.fromkeys(TIERS, 0)
+        self._pending_work = {t: [0, 0] for t in TIERS}  # inbox: batch slots and prompt tokens per tier
+        self._running_slots = dict.fromkeys(TIERS, 0)  # after the last step, for admission estimates
+        self.admission = AdmissionEstimator(config, {t: self.scheduler.slot_limit(t) for t in TIERS})
         self._work = threading.Event()
         self._step_lock = threading.RLock()
         self.admission_rejections = dict.fromkeys(TIERS, 0)
@@ -79,17 +89,50 @@ class Engine:
                 f"{len(prompt_ids)} tokens and max_tokens asks for {params.max_tokens} more",
                 "prompt" if len(prompt_ids) >= self.max_model_len else "max_tokens",
             )
+        self._check_fits_alone(len(prompt_ids), params, tier)
         request_id = request_id or f"req-{next(_request_ids)}"
         request = Request(request_id, prompt_ids, params, tier)
         limit = self.config.max_waiting_per_tier.get(tier, 0)
         with self._inbox_lock:
-            if self.scheduler.num_waiting(tier) + self._pending_by_tier[tier] >= limit:
+            try:
+                if self.scheduler.num_waiting(tier) + self._pending_by_tier[tier] >= limit:
+                    raise QueueFullError(tier, limit)
+                self.admission.check(tier, len(prompt_ids), self._queue_snapshot())
+            except (QueueFullError, SLOUnattainableError):
                 self.admission_rejections[tier] += 1
-                raise QueueFullError(tier, limit)
+                raise
             self._pending_by_tier[tier] += 1
+            self._pending_work[tier][0] += params.n
+            self._pending_work[tier][1] += len(prompt_ids)
             self._inbox.append(("add", request))
         self._work.set()
         return request_id
+
+    def _queue_snapshot(self) -> QueueSnapshot:
+        """What is queued per tier, in the scheduler and the inbox (any thread; reads counters only)."""
+        queues = self.scheduler.queues
+        return QueueSnapshot(
+            queued_slots={t: queues.queued_slots[t] + self._pending_work[t][0] for t in TIERS},
+            queued_tokens={t: queues.queued_tokens[t] + self._pending_work[t][1] for t in TIERS},
+            running_slots=dict(self._running_slots),
+            kv_blocked_tier=self.scheduler.kv_blocked_tier,
+        )
+
+    def _check_fits_alone(self, prompt_len: int, params: SamplingParams, tier: str) -> None:
+        """Refuse up front what could never run even alone (the scheduler's progress guarantee needs it)."""
+        sched, bs = self.scheduler, self.config.block_size
+        slots = sched.slot_limit(tier)
+        if params.n > slots:
+            raise CapacityExceededError(
+                f"n = {params.n} completions need {params.n} batch slots, but the {tier} tier may use only "
+                f"{slots} (max_num_seqs {self.config.max_num_seqs}); lower n", "n")
+        blocks, limit = kv_blocks_alone(prompt_len, params.n, params.max_tokens, bs), sched.kv_limit(tier)
+        if blocks > limit:
+            share = "" if limit == self.block_manager.num_blocks else f" the {tier} tier may use"
+            raise CapacityExceededError(
+                f"this request needs up to {blocks} KV-cache blocks of {bs} tokens ({params.n} completion(s) of "
+                f"{prompt_len} prompt + {params.max_tokens} max_tokens tokens) but the KV cache has only "
+                f"{limit}{share}; lower max_tokens, n or the prompt", "max_tokens")
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -140,17 +183,29 @@ class Engine:
                 self._process(plan.scheduled, sample_rows, logits, outputs, clock.ran)
                 clock.mark_processed()
             self.step_times.add(clock)
+            self._measure(plan.scheduled, clock.processed - clock.start)
             return list(outputs.values())
+
+    def _measure(self, batch: list[ScheduledSeq], step_s: float) -> None:
+        """Feed the admission estimate: the step's prefill tokens and time, the batch slots held."""
+        decodes = sum(1 for item in batch if item.num_new_tokens == 1 and item.seq.num_output_tokens > 1)
+        self.admission.on_step(step_s, sum(item.num_new_tokens for item in batch) - decodes)
+        slots = dict.fromkeys(TIERS, 0)
+        for request in self.scheduler.running:
+            slots[request.tier] += request.params.n
+        self._running_slots = slots
 
     def _drain_inbox(self, outputs: dict[str, RequestOutput], now: float) -> None:
         self._work.clear()  # before draining, so an add racing with us sets it again
         while self._inbox:
             with self._inbox_lock:
                 kind, item = self._inbox.popleft()
-                if kind == "add":
-                    self._pending_by_tier[item.tier] -= 1
             if kind == "add":
                 self._start(item)
+                with self._inbox_lock:  # queued now: counted by the scheduler instead
+                    self._pending_by_tier[item.tier] -= 1
+                    self._pending_work[item.tier][0] -= item.params.n
+                    self._pending_work[item.tier][1] -= len(item.prompt_ids)
             elif item in self.requests:
                 request = self.requests[item]
                 for seq in request.seqs:
@@ -245,6 +300,8 @@ class Engine:
 
     def _finish_request(self, request: Request, outputs: dict[str, RequestOutput], now: float) -> None:
         request.finished_time = now
+        if request.first_scheduled_time is not None and all(s.finish_reason != "abort" for s in request.seqs):
+            self.admission.on_finished(now - request.first_scheduled_time)
         self.scheduler.remove(request)
         del self.requests[request.request_id]
         outputs[request.request_id] = build_output(request, finished=True)
@@ -269,11 +326,16 @@ class Engine:
             sched = self.scheduler
             running_by_tier = dict.fromkeys(TIERS, 0)
             blocks_by_tier: dict[str, set[int]] = {t: set() for t in TIERS}
+            seqs_by_tier = dict.fromkeys(TIERS, 0)
             for request in sched.running:
-                running_by_tier[request.tier] += sum(not s.is_finished for s in request.seqs)
+                running_by_tier[request.tier] += 1
+                seqs_by_tier[request.tier] += sum(not s.is_finished for s in request.seqs)
                 for seq in request.seqs:
                     blocks_by_tier[request.tier].update(self.block_manager.tables.get(seq.seq_id, ()))
             num_running = sum(running_by_tier.values())
+            num_running_seqs = sum(seqs_by_tier.values())
+            with self._inbox_lock:
+                snapshot = self._queue_snapshot()
             return EngineStats(
                 kv_usage=kv.usage,
                 fragmentation=kv.fragmentation,
@@ -283,15 +345,18 @@ class Engine:
                 prefix_query_tokens=kv.prefix_query_tokens,
                 prefix_hit_tokens=kv.prefix_hit_tokens,
                 num_running=num_running,
+                num_running_seqs=num_running_seqs,
                 num_waiting=sched.num_waiting() + sum(self._pending_by_tier.values()),
                 num_swapped=sched.num_swapped(),
-                batch_fill_ratio=num_running / self.config.max_num_seqs,
+                batch_fill_ratio=num_running_seqs / self.config.max_num_seqs,
                 num_preemptions=sched.num_preemptions,
                 num_swap_outs=sched.num_swap_outs,
                 admission_rejections=dict(self.admission_rejections),
                 waiting_by_tier={t: len(sched.waiting[t]) + self._pending_by_tier[t] for t in TIERS},
                 running_by_tier=running_by_tier,
+                running_seqs_by_tier=seqs_by_tier,
                 kv_usage_by_tier={t: len(b) / kv.num_blocks for t, b in blocks_by_tier.items()},
+                estimated_queue_wait_s={t: self.admission.queue_wait_s(t, snapshot) for t in TIERS},
                 steps=sched.step_count,
                 schedule_time_s=self.step_times.schedule_s,
                 process_time_s=self.step_times.process_s,
@@ -299,9 +364,11 @@ class Engine:
             )
 
     def check_integrity(self) -> None:
-        """Block accounting holds, and only live sequences own blocks."""
+        """Block accounting holds, only live sequences own blocks, the scheduler's queues and the premium
+        reservation hold."""
         with self._step_lock:
             self.block_manager.check_integrity()
+            self.scheduler.check_integrity()
             live = {s.seq_id for r in self.requests.values() for s in r.seqs if not s.is_finished}
             owners = set(self.block_manager.tables) | set(self.block_manager.host_tables)
             assert owners <= live, f"finished or unknown sequences still own KV blocks: {owners - live}"

@@ -19,6 +19,11 @@ class PromptTooLongError(InvalidRequestError):
     """Prompt (plus max_tokens) does not fit the model's context. HTTP 400."""
 
 
+class CapacityExceededError(InvalidRequestError):
+    """The request could never run on this engine, even alone: its KV (every one of its n sequences at
+    prompt + max_tokens) exceeds the cache, or n exceeds the batch slots its tier may use. HTTP 400."""
+
+
 class QueueFullError(EngineError):
     """The tier's bounded waiting queue is full: admission control rejects. HTTP 429."""
 
@@ -26,3 +31,18 @@ class QueueFullError(EngineError):
         super().__init__(f"the {tier} queue is full ({limit} requests waiting); retry later")
         self.tier = tier
         self.limit = limit
+
+
+class SLOUnattainableError(EngineError):
+    """SLO-aware admission: the tier's queue is long enough that this request would miss its
+    time-to-first-token promise. HTTP 429 with Retry-After."""
+
+    def __init__(self, tier: str, estimate_s: float, slo_s: float, retry_after_s: int):
+        super().__init__(
+            f"the {tier} tier's queue would delay this request's first token to about {estimate_s:.2f} s, "
+            f"beyond its {slo_s * 1e3:.0f} ms promise; retry in {retry_after_s} s"
+        )
+        self.tier = tier
+        self.estimate_s = estimate_s
+        self.slo_s = slo_s
+        self.retry_after_s = retry_after_s

@@ -3,7 +3,8 @@
 The `vllm:` metrics carry vLLM's labels (`model_name`, `engine`) and meanings, so dashboards and the
 slobench scraper work against either server; their latency buckets start at 1 ms. The `slobench:` metrics
 are the five service-health signals, labelled by tier: time to first token, output token rate, KV usage,
-batch fill ratio (running / max batch) and admission rejections.
+batch fill ratio (running sequences / max batch) and admission rejections; also each tier's estimated queue
+wait, which SLO-aware admission judges (engine/admission.py).
 
 Each server owns its own `CollectorRegistry`. Request histograms are observed once per finished request
 from the engine's exact timestamps (`Timing`), so queue + prefill + decode add up to e2e latency.
@@ -199,7 +200,7 @@ class ServerMetrics:
         )
         self._tier_rejections = Counter(
             "slobench:admission_rejections",
-            "Requests rejected at admission (full tier queue, HTTP 429).",
+            "Requests rejected at admission (full tier queue or SLO admission, HTTP 429).",
             tl,
             registry=r,
         )
@@ -208,6 +209,12 @@ class ServerMetrics:
         )
         self._tier_waiting = Gauge(
             "slobench:num_requests_waiting", "Waiting requests by tier.", tl, registry=r
+        )
+        self._tier_wait = Gauge(
+            "slobench:estimated_queue_wait_seconds",
+            "Estimated queue wait of a request of each tier arriving now (what SLO-aware admission judges).",
+            tl,
+            registry=r,
         )
         self._tier = {
             t: {
@@ -219,6 +226,7 @@ class ServerMetrics:
                 "rej": self._tier_rejections.labels(model_name, t),
                 "running": self._tier_running.labels(model_name, t),
                 "waiting": self._tier_waiting.labels(model_name, t),
+                "wait": self._tier_wait.labels(model_name, t),
             }
             for t in TIERS
         }
@@ -316,14 +324,17 @@ class ServerMetrics:
         if d:
             self.preemptions.inc(d)
         running_by_tier = getattr(stats, "running_by_tier", None) or {}
+        seqs_by_tier = getattr(stats, "running_seqs_by_tier", None) or running_by_tier
         waiting_by_tier = getattr(stats, "waiting_by_tier", None) or {}
         kv_by_tier = getattr(stats, "kv_usage_by_tier", None)
         rejections = getattr(stats, "admission_rejections", None) or {}
+        waits = getattr(stats, "estimated_queue_wait_s", None) or {}
         for tier, series in self._tier.items():
+            series["wait"].set(waits.get(tier, 0.0))
             running = running_by_tier.get(tier, 0)
             series["running"].set(running)
             series["waiting"].set(waiting_by_tier.get(tier, 0))
-            series["fill"].set(running / self.max_num_seqs)
+            series["fill"].set(seqs_by_tier.get(tier, 0) / self.max_num_seqs)
             if kv_by_tier is not None:
                 series["kv"].set(kv_by_tier.get(tier, 0.0))
             d = self._delta(f"rej:{tier}", rejections.get(tier, 0))

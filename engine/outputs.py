@@ -62,7 +62,8 @@ class EngineStats:
     blocks_saved_by_sharing: int
     prefix_query_tokens: int
     prefix_hit_tokens: int
-    num_running: int  # sequences in the batch
+    num_running: int  # requests in the batch (vllm:num_requests_running)
+    num_running_seqs: int  # their unfinished sequences (n per request): what batch slots hold
     num_waiting: int
     num_swapped: int
     batch_fill_ratio: float  # running sequences / batch slots
@@ -70,8 +71,10 @@ class EngineStats:
     num_swap_outs: int  # cumulative; preemptions that were not swaps dropped KV to recompute
     admission_rejections: dict[str, int]
     waiting_by_tier: dict[str, int]
-    running_by_tier: dict[str, int]
+    running_by_tier: dict[str, int]  # requests
+    running_seqs_by_tier: dict[str, int]  # sequences (batch fill)
     kv_usage_by_tier: dict[str, float]  # blocks referenced by the tier's running sequences / all blocks
+    estimated_queue_wait_s: dict[str, float]  # what a request of each tier arriving now would wait
     steps: int
     schedule_time_s: float  # in the scheduler, cumulative
     process_time_s: float  # sampling bookkeeping, stop checks, detokenizing, outputs, cumulative

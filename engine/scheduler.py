@@ -3,26 +3,58 @@
 Each step packs a token budget: every running decode gets one token, prefills get chunks of what is left.
 New work joins only every `rebatch_interval` steps, or at once when a request has finished (its slot and
 KV are free). Tiers are strict: premium before standard before basic; a waiting request may preempt
-running requests of a lower tier, and premium may hold back a share of the KV blocks and batch slots.
-At the KV usage watermark admissions stop and the lowest-tier, longest-idle running requests move to host
-memory (or, when the host pool is full, drop their KV to be recomputed later).
+running requests ranked below it for batch slots and KV, and premium may hold back a share of the KV
+blocks (`premium_reserved_kv_frac`: the other tiers together never hold more than the rest, at
+admission, in later prefill chunks, in decode growth and at swap-in) and of the batch slots. At the KV
+usage watermark admissions stop and the lowest-ranked running requests move to host memory (or, when the
+host pool is full, drop their KV to be recomputed later).
 
-Two baselines are switches: static batching (a batch starts together and ends together) and contiguous
-allocation (each request reserves KV for prompt + max_tokens up front, as pre-paged engines did).
+Progress guarantee. Requests are ranked by (tier, arrival): premium before standard before basic, older
+before younger (engine/queues.py). A request is preempted only in favour of one ranked above it: a victim
+is always the lowest-ranked running request below the one that needs room, a request steps aside itself
+only when every other running request ranks above it, and the watermark never pushes out the best-ranked
+running request. So the best-ranked unfinished request is never preempted. Running, it is scheduled first
+with the whole token budget and takes KV and slots from the others; queued, it is the first candidate of
+every admission (due within `rebatch_interval` steps), may preempt every other running request, and nothing
+ranked below it is admitted before it, so whatever still holds the step's token budget drains; and every
+request `Engine.add_request` accepts fits the pool alone (its tier's share of KV blocks and batch slots,
+each of its n sequences counted in full beyond the shared prompt blocks: `kv_blocks_alone`), a request that
+could never fit being rejected up front. So it finishes, then the next best-ranked one, and so on: every
+request finishes (requests of a higher tier that keep arriving do overtake; tiers are strict; a static batch
+drains before the next starts). A request that restarts after losing its KV re-prefills one sequence's
+prompt and its other sequences share those blocks again, so its KV stays within the same bound.
+
+Two baselines are switches. Static batching: a batch fills every slot it can (up to max_num_seqs, or
+until the queue is empty), prefills under the token budget over as many steps as that takes, takes no new
+member once a member has started decoding, and refills only when every member has finished. Contiguous
+allocation: each request reserves KV for prompt + max_tokens up front, as pre-paged engines did.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager, BlockOps
-from engine.config import TIERS, EngineConfig
+from engine.block_manager import BlockManager
+from engine.block_ops import BlockOps
+from engine.config import EngineConfig
+from engine.queues import RequestQueues, rank
 from engine.sequence import Request, SeqStatus, Sequence
 
-TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}  # lower rank = higher priority
 # Swapped requests come back only when usage stays this far below the watermark (avoids ping-pong).
 SWAP_IN_HYSTERESIS = 0.05
+
+
+def kv_slots(prompt_len: int, max_tokens: int) -> int:
+    """KV slots one sequence ever writes: every token but the last one sampled."""
+    return prompt_len + max_tokens - 1
+
+
+def kv_blocks_alone(prompt_len: int, n: int, max_tokens: int, block_size: int) -> int:
+    """KV blocks a request may hold at its largest: the prompt's full blocks shared by its n sequences, and
+    each sequence's own blocks for the rest of its KV slots (copy-on-write and contiguous reservation
+    included)."""
+    shared = prompt_len // block_size
+    return shared + n * (-(-kv_slots(prompt_len, max_tokens) // block_size) - shared)
 
 
 @dataclass
@@ -43,38 +75,49 @@ class Scheduler:
         self.config = config
         self.bm = block_manager
         self.max_model_len = max_model_len
-        self.waiting: dict[str, deque[Request]] = {tier: deque() for tier in TIERS}
-        self.swapped: dict[str, deque[Request]] = {tier: deque() for tier in TIERS}
+        self.queues = RequestQueues()
+        self.waiting = self.queues.waiting  # tier -> requests in rank order
+        self.swapped = self.queues.swapped
         self.running: list[Request] = []
         self.step_count = 0
         self.rebatch_due = True  # a request finished: admit at the next step, whatever the interval
         self.num_preemptions = 0
         self.num_swap_outs = 0  # of those, moved to host memory (the rest drop their KV and recompute)
         self.reserved_blocks = int(config.premium_reserved_kv_frac * block_manager.num_blocks)
+        self.limited_blocks: set[int] = set()  # blocks the non-premium running requests reference
+        self.batch: set[str] = set()  # static batching: the current batch's unfinished members
+        self.batch_open = True  # static batching: members may still join
+        self.kv_blocked_tier: str | None = None  # the last admission stopped at a request of it for lack of KV
 
     # ---- queues ---------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
-        self.waiting[request.tier].append(request)
+        self.queues.new_arrival(request)
 
     def num_waiting(self, tier: str | None = None) -> int:
-        tiers = [tier] if tier else TIERS
-        return sum(len(self.waiting[t]) for t in tiers)
+        return self.queues.num_waiting(tier)
 
     def num_swapped(self) -> int:
-        return sum(len(q) for q in self.swapped.values())
+        return self.queues.num_swapped()
 
     def running_slots(self) -> int:
         # A request holds n slots from admission on: its n sequences fork after the prefill.
         return sum(r.params.n for r in self.running)
+
+    def slot_limit(self, tier: str) -> int:
+        reserved = 0 if tier == "premium" else self.config.premium_reserved_slots
+        return self.config.max_num_seqs - reserved
+
+    def kv_limit(self, tier: str) -> int:
+        """KV blocks the tier may hold (with the other non-premium tiers)."""
+        return self.bm.num_blocks - (0 if tier == "premium" else self.reserved_blocks)
 
     def remove(self, request: Request) -> None:
         """Take a request out of whichever queue holds it and free its KV (finish or abort)."""
         if request in self.running:
             self.running.remove(request)
             self.rebatch_due = True
-        for queues in (self.waiting, self.swapped):
-            if request in queues[request.tier]:
-                queues[request.tier].remove(request)
+        self.queues.take(request)
+        self.batch.discard(request.request_id)
         for seq in request.seqs:
             self.bm.free(seq.seq_id)
 
@@ -82,39 +125,33 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self.step_count += 1
         out = SchedulerOutput()
+        self._refresh_limited()
         admit = self._admission_due()
-        if admit:
-            self._preempt_for_higher_tiers(out)
         self._relieve_watermark(out)
         budget = self.config.max_num_batched_tokens
-        scheduled_ids: set[str] = set()
-        for request in sorted(self.running, key=self._priority):
-            if request.request_id in scheduled_ids or request.request_id in out.preempted:
-                continue  # preempted earlier in this loop
-            budget = self._schedule_request(request, budget, out, scheduled_ids)
+        for request in sorted(self.running, key=rank):
+            if request.request_id not in out.preempted:  # else pushed out earlier in this loop
+                budget = self._schedule_request(request, budget, out)
         if admit:
-            # Swap-ins wait for a step without swap-outs (see BlockOps), fresh admissions need not.
-            self._admit(budget, out, scheduled_ids, allow_swap_in=not out.ops.swap_out)
+            self._admit(budget, out)
         return out
 
     def _admission_due(self) -> bool:
         if self.config.batching == "static":
-            return not self.running
+            if not self.batch:
+                self.batch_open = True  # the last batch has finished: a new one forms
+            elif self.batch_open and any(r.seqs[0].num_output_tokens for r in self.running):
+                self.batch_open = False  # decoding has started: the batch is closed until it drains
+            return True  # closed, only the batch's own preempted members come back
         due = self.rebatch_due or not self.running or self.step_count % self.config.rebatch_interval == 0
         if due:
             self.rebatch_due = False
         return due
 
-    @staticmethod
-    def _priority(request: Request) -> tuple[int, float]:
-        return TIER_RANK[request.tier], request.arrival_time
-
-    def _victim_order(self, requests: list[Request]) -> list[Request]:
-        """Who to preempt first: lowest tier, then longest idle (least recently scheduled), newest last."""
-        return sorted(
-            requests,
-            key=lambda r: (-TIER_RANK[r.tier], min(s.last_scheduled_step for s in r.seqs), -r.arrival_time),
-        )
+    def _victim_below(self, request: Request) -> Request | None:
+        """The lowest-ranked running request ranked below `request` (None: everyone else ranks above)."""
+        below = [r for r in self.running if r is not request and rank(r) > rank(request)]
+        return max(below, key=rank) if below else None
 
     def _live_seqs(self, request: Request) -> list[Sequence]:
         return [s for s in request.seqs if not s.is_finished]
@@ -122,8 +159,10 @@ class Scheduler:
     def _tokens_for(self, seq: Sequence, budget: int) -> int:
         """How many of the sequence's uncomputed tokens fit this step's budget (0: none this step)."""
         n = seq.num_uncomputed
+        if budget <= 0:  # spent (a whole prefill longer than the budget may have overdrawn it)
+            return 0
         if n <= 1:
-            return min(n, budget)
+            return n
         if self.config.enable_chunked_prefill:
             return min(n, self.config.prefill_chunk_size, budget)
         # Without chunking a prefill runs whole; one longer than the budget runs alone.
@@ -131,140 +170,209 @@ class Scheduler:
             return n
         return 0
 
-    def _schedule_request(
-        self, request: Request, budget: int, out: SchedulerOutput, scheduled_ids: set[str]
-    ) -> int:
+    # ---- KV accounting --------------------------------------------------------------------------
+    def _limited(self, request: Request) -> bool:
+        return self.reserved_blocks > 0 and request.tier != "premium"
+
+    def _refresh_limited(self) -> None:
+        if self.reserved_blocks:
+            tables = self.bm.tables
+            self.limited_blocks = {b for r in self.running if r.tier != "premium"
+                                   for s in r.seqs for b in tables.get(s.seq_id, ())}
+
+    def _fits(self, request: Request, blocks: int, extra_limited: int = 0) -> bool:
+        """`blocks` fresh blocks are free, and the request's tier stays within its share."""
+        if blocks > self.bm.num_free_blocks:
+            return False
+        if self._limited(request):
+            return len(self.limited_blocks) + extra_limited + blocks <= self.kv_limit(request.tier)
+        return True
+
+    def _note_blocks(self, request: Request, seq: Sequence) -> None:
+        if self._limited(request):
+            self.limited_blocks.update(self.bm.tables.get(seq.seq_id, ()))
+
+    # ---- running requests -----------------------------------------------------------------------
+    def _join(self, request: Request, seq: Sequence) -> bool:
+        """A sequence restarting without KV shares its prompt's full blocks with the request's leader (the
+        sequence re-prefilling them) once they are written, or leads itself when no live sequence holds KV
+        (the leader finished); whether it has a table now."""
+        leader = next((s for s in self._live_seqs(request) if s.seq_id in self.bm.tables), None)
+        shared = min(len(request.prompt_ids), seq.num_tokens - 1) // self.bm.block_size
+        if leader is not None and leader.num_computed < shared * self.bm.block_size:
+            return False
+        if leader is None:
+            shared = 0
+        seq.num_computed = self.bm.allocate_prefix(seq.seq_id, seq.token_ids, leader and leader.seq_id, shared)
+        seq.num_cached_prefix = seq.num_computed
+        self._note_blocks(request, seq)
+        return True
+
+    def _schedule_request(self, request: Request, budget: int, out: SchedulerOutput) -> int:
         for seq in self._live_seqs(request):
+            if seq.seq_id not in self.bm.tables and not self._join(request, seq):
+                continue
             n = self._tokens_for(seq, budget)
             if n == 0:
                 continue
             slots = seq.num_computed + n
-            while self.bm.blocks_needed(seq.seq_id, slots) > self.bm.num_free_blocks:
-                candidates = [
-                    r for r in self.running if r.request_id not in scheduled_ids and r is not request
-                ]
-                if not candidates:
-                    # Nobody else to take KV from: the request itself steps aside, with any of its
-                    # sequences already placed in this step's batch.
-                    mine = {s.seq_id for s in request.seqs}
-                    kept = [x for x in out.scheduled if x.seq.seq_id not in mine]
-                    budget += sum(x.num_new_tokens for x in out.scheduled if x not in kept)
-                    out.scheduled = kept
-                    self._preempt(request, out)
-                    return budget
-                self._preempt(self._victim_order(candidates)[0], out)
-            ops = self.bm.ensure_slots(seq.seq_id, slots)
-            if ops:
-                out.ops.extend(ops)
+            while not self._fits(request, self.bm.blocks_needed(seq.seq_id, slots)):
+                victim = self._victim_below(request)
+                if victim is not None:
+                    budget += self._preempt(victim, out)
+                    continue
+                self._refresh_limited()  # a copy-on-write may have left a block counted that no longer is
+                if self._fits(request, self.bm.blocks_needed(seq.seq_id, slots)):
+                    break
+                # Everyone else running ranks above: the request itself steps aside, with any of its
+                # sequences already placed in this step's batch.
+                return budget + self._preempt(request, out)
+            out.ops.extend(self.bm.ensure_slots(seq.seq_id, slots))
+            self._note_blocks(request, seq)
             out.scheduled.append(ScheduledSeq(seq, n))
             seq.last_scheduled_step = self.step_count
             budget -= n
-        scheduled_ids.add(request.request_id)
         return budget
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
-        """Swap a running request to host memory, or drop its KV to recompute when the host pool is full."""
+    def _preempt(self, request: Request, out: SchedulerOutput) -> int:
+        """Swap a running request to host memory, or drop its KV to recompute when the host pool is full.
+
+        Returns the tokens of its sequences already placed in this step's batch, now taken out again.
+        """
+        mine = {s.seq_id for s in request.seqs}
+        refund = sum(x.num_new_tokens for x in out.scheduled if x.seq.seq_id in mine)
+        out.scheduled = [x for x in out.scheduled if x.seq.seq_id not in mine]
         self.running.remove(request)
         self.num_preemptions += 1
         out.preempted.add(request.request_id)
-        seq_ids = [s.seq_id for s in self._live_seqs(request)]
-        if not out.ops.swap_in and self.bm.can_swap_out(seq_ids):
-            out.ops.extend(self.bm.swap_out(seq_ids))
-            for seq in self._live_seqs(request):
+        live = self._live_seqs(request)
+        held = [s.seq_id for s in live if s.seq_id in self.bm.tables]
+        if held and self.bm.can_swap_out(held):
+            out.ops.extend(self.bm.swap_out(held))
+            for seq in live:
                 seq.status = SeqStatus.SWAPPED
-            self.swapped[request.tier].append(request)
+            self.queues.put_swapped(request)
             self.num_swap_outs += 1
-            return
-        for seq in self._live_seqs(request):
-            self.bm.free(seq.seq_id)
-            seq.num_computed = 0
-            seq.num_cached_prefix = 0
-            seq.status = SeqStatus.WAITING
-        self.waiting[request.tier].appendleft(request)
+        else:
+            for seq in live:
+                self._drop_kv(seq)
+            self.queues.put_waiting(request)
+        self._refresh_limited()
+        return refund
+
+    def _drop_kv(self, seq: Sequence) -> None:
+        self.bm.free(seq.seq_id)
+        seq.num_computed = 0
+        seq.num_cached_prefix = 0
+        seq.status = SeqStatus.WAITING
 
     def _relieve_watermark(self, out: SchedulerOutput) -> None:
-        """Above the KV watermark, move the lowest-tier, longest-idle requests out (keep at least one)."""
+        """Above the KV watermark, move the lowest-ranked requests out (never the best-ranked one)."""
         while self.bm.usage >= self.config.kv_watermark and len(self.running) > 1:
-            self._preempt(self._victim_order(self.running)[0], out)
+            self._preempt(max(self.running, key=rank), out)
 
     # ---- admission ------------------------------------------------------------------------------
-    def _slot_limit(self, tier: str) -> int:
-        reserved = 0 if tier == "premium" else self.config.premium_reserved_slots
-        return self.config.max_num_seqs - reserved
+    def _admit(self, budget: int, out: SchedulerOutput) -> int:
+        """Queued requests in rank order, swapped and waiting alike (they were admitted once already).
 
-    def _slots_for_admission(self, request: Request, first_chunk: int) -> int:
-        """KV slots a new request takes now: its first chunk, or everything up front when contiguous."""
-        if self.config.kv_allocation == "contiguous":
-            return min(len(request.prompt_ids) + request.params.max_tokens, self.max_model_len)
-        return request.seqs[0].num_computed + first_chunk
-
-    def _kv_fits(self, tier: str, blocks: int) -> bool:
-        reserved = 0 if tier == "premium" else self.reserved_blocks
-        free_after = self.bm.num_free_blocks - blocks
-        usage_after = 1.0 - free_after / self.bm.num_blocks
-        return free_after >= reserved and (usage_after <= self.config.kv_watermark or not self.running)
-
-    def _preempt_for_higher_tiers(self, out: SchedulerOutput) -> None:
-        """A waiting request may push out running requests of a strictly lower tier to get a batch slot."""
-        for tier in TIERS:
-            for request in self.waiting[tier]:
-                while self.running_slots() + request.params.n > self._slot_limit(tier):
-                    lower = [r for r in self.running if TIER_RANK[r.tier] > TIER_RANK[tier]]
-                    if not lower:
-                        return
-                    self._preempt(self._victim_order(lower)[0], out)
-
-    def _admit(self, budget: int, out: SchedulerOutput, scheduled_ids: set[str], allow_swap_in: bool) -> int:
-        """Tier by tier: swapped requests first (they were admitted once already), then waiting ones.
-
-        Strict priority: a request that cannot get in stops admission for its tier and every lower one,
-        never for a higher one.
+        Strict priority: a request that cannot get in stops admission for every request ranked below it.
+        Static batching admits regardless of the token budget (the batch's prefill spreads over steps),
+        and once its batch is closed only the batch's own members.
         """
-        for tier in TIERS:
-            if allow_swap_in:
-                budget, blocked = self._swap_in_tier(tier, budget, out, scheduled_ids)
+        static = self.config.batching == "static"
+        members = None if not static or self.batch_open else self.batch
+        self.kv_blocked_tier = None
+        if members is not None and members <= {r.request_id for r in self.running}:
+            return budget  # a closed batch with every member running: nobody to admit
+        for tier in self.waiting:
+            while (request := self.queues.first(tier, members)) is not None:
+                if request.request_id in out.preempted or (budget <= 0 and not static):
+                    return budget  # pushed out in this step: its turn is over until the next
+                blocked, budget = self._try_admit(request, budget, out, static)
                 if blocked:
+                    self.kv_blocked_tier = request.tier if blocked == "kv" else None
                     return budget
-            queue = self.waiting[tier]
-            while queue and budget > 0:
-                request = queue[0]
-                if self.running_slots() + request.params.n > self._slot_limit(tier):
-                    return budget
-                live = self._live_seqs(request)
-                for seq in live:  # a request preempted for recompute may hold n sequences
-                    if seq.seq_id not in self.bm.tables:
-                        seq.num_cached_prefix = seq.num_computed = self.bm.allocate_prefix(seq.seq_id, seq.token_ids)
-                first_chunk = self._tokens_for(live[0], budget)
-                slots = self._slots_for_admission(request, first_chunk)
-                if first_chunk == 0 or not self._kv_fits(tier, self.bm.blocks_needed(live[0].seq_id, slots)):
-                    return budget
-                queue.popleft()
-                out.ops.extend(self.bm.ensure_slots(live[0].seq_id, slots))
-                for seq in live:
-                    seq.status = SeqStatus.RUNNING
-                self.running.append(request)
-                budget = self._schedule_request(request, budget, out, scheduled_ids)
+                if static:
+                    self.batch.add(request.request_id)
         return budget
 
-    def _swap_in_tier(self, tier: str, budget: int, out: SchedulerOutput, scheduled_ids: set[str]
-                      ) -> tuple[int, bool]:
-        """Bring back the tier's swapped requests while they fit; (budget left, whether one is left out)."""
-        queue = self.swapped[tier]
-        while queue and budget > 0:
-            request = queue[0]
-            seq_ids = [s.seq_id for s in self._live_seqs(request)]
-            blocks = len(self.bm.host_blocks_of(seq_ids))
-            usage_after = 1.0 - (self.bm.num_free_blocks - blocks) / self.bm.num_blocks
-            if (
-                self.running_slots() + request.params.n > self._slot_limit(tier)
-                or (self.running and usage_after > self.config.kv_watermark - SWAP_IN_HYSTERESIS)
-                or not self.bm.can_swap_in(seq_ids)
-            ):
-                return budget, True
-            queue.popleft()
-            out.ops.extend(self.bm.swap_in(seq_ids))
+    def _try_admit(self, request: Request, budget: int, out: SchedulerOutput, static: bool) -> tuple[str, int]:
+        """Admit and schedule the request, pushing out lower-ranked ones as needed; ('' or what it lacks:
+        'slots', 'budget' or 'kv', the budget left)."""
+        while self.running_slots() + request.params.n > self.slot_limit(request.tier):
+            victim = self._victim_below(request)
+            if victim is None:
+                return "slots", budget
+            budget += self._preempt(victim, out)
+        swapped = self.queues.is_swapped(request)
+        live = self._live_seqs(request)
+        leader, slots = live[0], 0
+        if not swapped:
+            seq_budget = self.config.max_num_batched_tokens if static else budget
+            if leader.seq_id not in self.bm.tables:
+                leader.num_cached_prefix = leader.num_computed = self.bm.allocate_prefix(
+                    leader.seq_id, leader.token_ids)
+            first_chunk = self._tokens_for(leader, seq_budget)
+            if first_chunk == 0:
+                self._drop_kv(leader)
+                return "budget", budget
+            slots = self._slots_for_admission(request, leader, first_chunk)
+        while not self._admission_fits(request, swapped, leader, slots, budget):
+            victim = self._victim_below(request)
+            if victim is None:
+                if not swapped:
+                    self._drop_kv(leader)
+                return "kv", budget
+            budget += self._preempt(victim, out)
+        self.queues.take(request)
+        if swapped:
+            out.ops.extend(self.bm.swap_in([s.seq_id for s in live if s.seq_id in self.bm.host_tables]))
+        else:
+            out.ops.extend(self.bm.ensure_slots(leader.seq_id, slots))
+        for seq in live:
+            seq.status = SeqStatus.RUNNING
+            self._note_blocks(request, seq)
+        self.running.append(request)
+        return "", self._schedule_request(request, budget, out)
+
+    def _slots_for_admission(self, request: Request, leader: Sequence, first_chunk: int) -> int:
+        """KV slots a new request takes now: its first chunk, or everything up front when contiguous."""
+        if self.config.kv_allocation == "contiguous":
+            return min(kv_slots(len(request.prompt_ids), request.params.max_tokens), self.max_model_len)
+        return leader.num_computed + first_chunk
+
+    def _admission_fits(self, request: Request, swapped: bool, leader: Sequence, slots: int, budget: int) -> bool:
+        """Room for the request's first step: slots are checked already; KV, its tier's share, the watermark."""
+        if swapped:
+            growth = []
             for seq in self._live_seqs(request):
-                seq.status = SeqStatus.RUNNING
-            self.running.append(request)
-            budget = self._schedule_request(request, budget, out, scheduled_ids)
-        return budget, False
+                if seq.seq_id in self.bm.host_tables:
+                    n = self._tokens_for(seq, budget)
+                    budget -= n
+                    growth.append((seq.seq_id, seq.num_computed + n))
+            blocks, extra = self.bm.blocks_to_resume(growth), 0
+            margin = SWAP_IN_HYSTERESIS
+        else:
+            blocks = self.bm.blocks_needed(leader.seq_id, slots)
+            extra = len(set(self.bm.tables[leader.seq_id]) - self.limited_blocks) if self._limited(request) else 0
+            margin = 0.0
+        usage_after = 1.0 - (self.bm.num_free_blocks - blocks) / self.bm.num_blocks
+        if self.running and usage_after > self.config.kv_watermark - margin:
+            return False
+        return self._fits(request, blocks, extra)
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Every request is in one place, slots and the premium reservation hold."""
+        queued = list(self.queues)
+        assert len({id(r) for r in queued + self.running}) == len(queued) + len(self.running), "a request is twice"
+        assert self.running_slots() <= self.config.max_num_seqs, "more sequences running than batch slots"
+        for request in queued:
+            tables = [s.seq_id for s in request.seqs if s.seq_id in self.bm.tables]
+            assert not tables, f"queued request {request.request_id} holds device KV blocks"
+        if self.reserved_blocks:
+            tables = self.bm.tables
+            held = {b for r in self.running if r.tier != "premium" for s in r.seqs for b in tables.get(s.seq_id, ())}
+            assert len(held) <= self.kv_limit("standard"), (
+                f"non-premium requests hold {len(held)} KV blocks, more than the "
+                f"{self.kv_limit('standard')} the premium reservation leaves them")

@@ -74,6 +74,7 @@ class Request:
     params: SamplingParams
     tier: str
     arrival_time: float = field(default_factory=time.monotonic)
+    order: int = 0  # arrival order at the scheduler: breaks ties of arrival_time in the rank
     seqs: list[Sequence] = field(default_factory=list)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

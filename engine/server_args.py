@@ -15,7 +15,7 @@ SWITCH_INTERVAL_MS = 0.5  # the server process's GIL switch interval (Python's d
 
 
 def _tier_limits(text: str) -> dict[str, int]:
-    """`premium=8,standard=16,basic=32` or a JSON object (what scenario files pass)."""
+    """`premium=8,standard=16,basic=32` or a JSON object (what scenario files pass): a number per tier."""
     text = text.strip()
     if text.startswith("{"):
         try:
@@ -63,6 +63,11 @@ _ENGINE_HELP = {
     "premium_reserved_slots": "batch slots only premium may use",
     "max_waiting_per_tier": "waiting-queue bounds: premium=N,standard=N,basic=N (or JSON)",
     "kv_watermark": "KV usage at which admissions stop and swapping starts",
+    "admission": "slo (default): answer 429 + Retry-After to a request whose estimated queue wait would break its "
+                 "tier's TTFT promise (--tier-ttft-slo-ms); queue-length: only the per-tier queue bounds "
+                 "(--max-waiting-per-tier)",
+    "tier_ttft_slo_ms": "TTFT promises that --admission slo keeps, in ms: premium=N,standard=N,basic=N (or JSON; "
+                        "0: none). Default premium=300,standard=800; basic has none",
 }
 
 
@@ -109,6 +114,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
             group.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction, help=help_)
         elif tp is dict:
             group.add_argument(flag, dest=name, default=None, type=_tier_limits, help=help_)
+        elif name == "admission":
+            group.add_argument(flag, dest=name, default=None, choices=["slo", "queue-length"], help=help_)
         elif tp in (int, float, str):
             group.add_argument(flag, dest=name, default=None, type=tp, help=help_)
     # Short spellings for the switches that turn things off.
@@ -129,9 +136,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         value = getattr(args, name, None)
         if value is not None:
             kwargs[name] = value
-    if "max_waiting_per_tier" in kwargs:
-        kwargs["max_waiting_per_tier"] = {
-            **EngineConfig().max_waiting_per_tier,
-            **kwargs["max_waiting_per_tier"],
-        }
+    for name in ("max_waiting_per_tier", "tier_ttft_slo_ms"):  # a flag naming some tiers keeps the others' defaults
+        if name in kwargs:
+            kwargs[name] = {**getattr(EngineConfig(), name), **kwargs[name]}
     return EngineConfig(**kwargs)

@@ -232,6 +232,18 @@ def test_cli_maps_onto_engine_config():
         parser.parse_args(["--max-waiting-per-tier", "gold=3"])
 
 
+def test_admission_flags():
+    parser = add_server_arguments(argparse.ArgumentParser())
+    assert config_from_args(parser.parse_args([])).admission == "slo"
+    c = config_from_args(parser.parse_args(["--admission", "queue-length", "--tier-ttft-slo-ms", "standard=500"]))
+    assert c.admission == "queue-length" and c.tier_ttft_slo_ms == {"premium": 300, "standard": 500}
+    c = config_from_args(parser.parse_args(["--tier-ttft-slo-ms", '{"basic": 5000, "premium": 0}']))
+    assert c.tier_ttft_slo_ms == {"premium": 0, "standard": 800, "basic": 5000}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--admission", "fifo"])
+    assert "--admission {slo,queue-length}" in parser.format_help()
+
+
 def test_response_shapes():
     t = types.SimpleNamespace(queue_ms=1.23456, prefill_ms=2.0, decode_ms=3.0, tier="basic")
     body = full_response(

@@ -1,0 +1,114 @@
+"""SLO-aware admission: each tier's queue wait, estimated from the engine's measured service rate.
+
+The engine thread feeds two rates, both exponentially weighted moving averages (EWMA):
+
+- slot turnover: each finished request's residence R (first scheduled -> finished, preemptions included);
+  with L batch slots occupied, slots free at mu = L / mean(R) per second (Little's law);
+- prefill rate rho: prompt tokens computed per second of step time, over windows of steps that prefilled.
+
+A new request of tier T waits behind what is queued at T's rank or above (the premium queue for premium;
+premium and standard for standard; everything for basic), counted in the scheduler's queues and the
+engine's inbox: S slots (n per request) and K prefill tokens. F = the batch slots free to T (its slot
+limit minus those held by tiers at or above it: lower tiers are preempted for it), and the occupancy the
+queue will run at, L = min(slot limit, slots running + S). When the scheduler's last admission stopped for
+lack of KV at T's rank or above, free slots do not help: F = 0 and L = the slots running. Then
+
+    mu = L / mean(R),  wait(T) = max(max(0, S - F) / mu, K / rho)   (a rate with no sample yet gives 0)
+    TTFT estimate = wait(T) + own prompt tokens / rho
+
+With `admission="slo"`, a request that would queue (wait > 0) and whose estimate exceeds its tier's promise
+(`tier_ttft_slo_ms`: premium 300 ms, standard 800 ms by default) is refused at once, HTTP 429 with
+Retry-After = ceil(estimate - promise) s (1 to 60), instead of queueing for seconds; a tier without a
+promise (basic) keeps only its queue bound, `max_waiting_per_tier`. `admission="queue-length"` keeps only
+the bounds. Either way the estimate is exported as `slobench:estimated_queue_wait_seconds{tier}`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.config import TIERS, EngineConfig
+from engine.errors import SLOUnattainableError
+
+RESIDENCE_ALPHA = 0.05  # EWMA weight of one finished request's residence
+PREFILL_ALPHA = 0.2  # EWMA weight of one window's prefill rate
+PREFILL_WINDOW_S = 0.1  # step time a prefill-rate sample spans
+RETRY_AFTER_MAX_S = 60
+
+
+@dataclass
+class QueueSnapshot:
+    """Work queued per tier (slots, prefill tokens) and batch slots held per tier, at one moment."""
+
+    queued_slots: dict[str, int]
+    queued_tokens: dict[str, int]
+    running_slots: dict[str, int]
+    kv_blocked_tier: str | None = None  # the tier of the request the last admission stopped at for lack of KV
+
+
+def ewma(old: float | None, sample: float, alpha: float) -> float:
+    return sample if old is None else alpha * sample + (1 - alpha) * old
+
+
+class AdmissionEstimator:
+    """Service rates measured on the engine thread; estimates and admission checks from any thread."""
+
+    def __init__(self, config: EngineConfig, slot_limits: dict[str, int]):
+        self.mode = config.admission
+        self.slo_s = {t: ms / 1e3 for t, ms in config.tier_ttft_slo_ms.items() if ms and ms > 0}
+        self.slot_limits = slot_limits
+        self.mean_residence_s: float | None = None
+        self.prefill_tokens_per_s: float | None = None
+        self._window_tokens = 0
+        self._window_s = 0.0
+
+    # ---- measurements (engine thread) -----------------------------------------------------------
+    def on_finished(self, residence_s: float) -> None:
+        self.mean_residence_s = ewma(self.mean_residence_s, max(residence_s, 1e-6), RESIDENCE_ALPHA)
+
+    def on_step(self, step_s: float, prefill_tokens: int) -> None:
+        if prefill_tokens <= 0:
+            return
+        self._window_tokens += prefill_tokens
+        self._window_s += step_s
+        if self._window_s >= PREFILL_WINDOW_S:
+            rate = self._window_tokens / self._window_s
+            self.prefill_tokens_per_s = ewma(self.prefill_tokens_per_s, rate, PREFILL_ALPHA)
+            self._window_tokens, self._window_s = 0, 0.0
+
+    # ---- estimates (any thread) -----------------------------------------------------------------
+    def queue_wait_s(self, tier: str, snap: QueueSnapshot) -> float:
+        """How long a request of `tier` arriving now would queue before its prefill starts."""
+        ahead = TIERS[: TIERS.index(tier) + 1]
+        slots = sum(snap.queued_slots[t] for t in ahead)
+        tokens = sum(snap.queued_tokens[t] for t in ahead)
+        running = sum(snap.running_slots.values())
+        limit = self.slot_limits[tier]
+        if snap.kv_blocked_tier in ahead:
+            free, occupancy = 0, max(running, 1)
+        else:
+            free = max(0, limit - sum(snap.running_slots[t] for t in ahead))
+            occupancy = max(1, min(limit, running + slots))
+        wait = 0.0
+        if self.mean_residence_s and slots > free:
+            wait = (slots - free) * self.mean_residence_s / occupancy
+        if self.prefill_tokens_per_s and tokens:
+            wait = max(wait, tokens / self.prefill_tokens_per_s)
+        return wait
+
+    def ttft_s(self, tier: str, prompt_tokens: int, snap: QueueSnapshot) -> tuple[float, float]:
+        """(queue wait, TTFT estimate) for a request of `tier` with `prompt_tokens` arriving now."""
+        wait = self.queue_wait_s(tier, snap)
+        own = prompt_tokens / self.prefill_tokens_per_s if self.prefill_tokens_per_s else 0.0
+        return wait, wait + own
+
+    def check(self, tier: str, prompt_tokens: int, snap: QueueSnapshot) -> None:
+        """Raise SLOUnattainableError when the request would queue past its tier's TTFT promise."""
+        slo = self.slo_s.get(tier)
+        if self.mode != "slo" or slo is None:
+            return
+        wait, ttft = self.ttft_s(tier, prompt_tokens, snap)
+        if wait > 0 and ttft > slo:
+            retry = min(RETRY_AFTER_MAX_S, max(1, math.ceil(ttft - slo)))
+            raise SLOUnattainableError(tier, ttft, slo, retry)

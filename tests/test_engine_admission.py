@@ -1,0 +1,95 @@
+"""SLO-aware admission's estimator (engine/admission.py) on synthetic histories: the arithmetic, exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import EngineConfig
+from engine.admission import AdmissionEstimator, QueueSnapshot
+from engine.errors import SLOUnattainableError
+
+LIMITS = {"premium": 8, "standard": 8, "basic": 8}
+
+
+def estimator(**kw) -> AdmissionEstimator:
+    est = AdmissionEstimator(EngineConfig(**kw), LIMITS)
+    est.on_finished(1.0)  # the first sample sets the mean
+    est.on_finished(2.0)  # then EWMA: 0.05 * 2.0 + 0.95 * 1.0
+    est.on_step(0.05, 1000)  # half a 0.1 s window: no sample yet
+    est.on_step(0.5, 0)  # a step without prefill does not count
+    est.on_step(0.05, 1000)  # window: 2000 tokens / 0.1 s
+    est.on_step(0.1, 500)  # window: 5000 tokens/s -> 0.2 * 5000 + 0.8 * 20000
+    return est
+
+
+def snapshot(**kw) -> QueueSnapshot:
+    return QueueSnapshot(queued_slots={"premium": 2, "standard": 10, "basic": 30},
+                         queued_tokens={"premium": 200, "standard": 1000, "basic": 3000},
+                         running_slots={"premium": 2, "standard": 4, "basic": 2}, **kw)
+
+
+def test_rates_are_ewmas_of_residence_and_windowed_prefill_throughput():
+    est = estimator()
+    assert est.mean_residence_s == pytest.approx(1.05)
+    assert est.prefill_tokens_per_s == pytest.approx(17000.0)
+
+
+def test_queue_wait_per_tier():
+    est, snap = estimator(), snapshot()
+    # premium: 2 slots queued, 6 free to it (the 6 lower-tier slots would be preempted): only the tokens count
+    assert est.queue_wait_s("premium", snap) == pytest.approx(200 / 17000)
+    # standard: 12 slots queued at its rank or above, 2 free, the batch full (8): 10 * 1.05 / 8
+    assert est.queue_wait_s("standard", snap) == pytest.approx(10 * 1.05 / 8)
+    # basic: 42 queued, none free
+    assert est.queue_wait_s("basic", snap) == pytest.approx(42 * 1.05 / 8)
+    # the last admission stopped for KV at standard: free slots do not help standard (or basic), premium unchanged
+    blocked = snapshot(kv_blocked_tier="standard")
+    assert est.queue_wait_s("standard", blocked) == pytest.approx(12 * 1.05 / 8)
+    assert est.queue_wait_s("premium", blocked) == pytest.approx(200 / 17000)
+
+
+def test_an_idle_batch_absorbs_a_burst_before_anyone_waits():
+    est = estimator()
+    idle = QueueSnapshot({"premium": 0, "standard": 12, "basic": 0}, {"premium": 0, "standard": 0, "basic": 0},
+                         {"premium": 0, "standard": 0, "basic": 0})
+    # 8 of the 12 start at once; the other 4 wait for slots freed at 8 / 1.05 per second
+    assert est.queue_wait_s("standard", idle) == pytest.approx(4 * 1.05 / 8)
+
+
+def test_check_refuses_what_would_miss_the_promise_with_a_retry_after():
+    est, snap = estimator(), snapshot()
+    est.check("premium", 170, snap)  # 0.012 + 0.010 s < 300 ms
+    with pytest.raises(SLOUnattainableError) as e:
+        est.check("standard", 170, snap)  # 1.3125 + 0.010 s > 800 ms
+    assert e.value.tier == "standard" and e.value.slo_s == 0.8
+    assert e.value.estimate_s == pytest.approx(10 * 1.05 / 8 + 170 / 17000)
+    assert e.value.retry_after_s == 1  # ceil(1.3225 - 0.8)
+    assert "800 ms" in str(e.value) and "standard" in str(e.value)
+    est.check("basic", 170, snap)  # no promise: only the queue bound applies
+    big = QueueSnapshot({"premium": 0, "standard": 900, "basic": 0}, snap.queued_tokens, snap.running_slots)
+    with pytest.raises(SLOUnattainableError) as e:
+        est.check("standard", 10, big)
+    assert e.value.retry_after_s == 60  # capped
+
+
+def test_no_estimate_without_samples_or_without_a_queue():
+    cold = AdmissionEstimator(EngineConfig(), LIMITS)
+    assert cold.queue_wait_s("basic", snapshot()) == 0.0
+    cold.check("standard", 10**6, snapshot())  # nothing measured yet: admit
+    est = estimator()
+    empty = QueueSnapshot(dict.fromkeys(LIMITS, 0), dict.fromkeys(LIMITS, 0), {"premium": 8, "standard": 0, "basic": 0})
+    est.check("premium", 10**6, empty)  # a long prompt alone is no queueing problem
+
+
+def test_queue_length_mode_and_configured_promises():
+    snap = snapshot()
+    estimator(admission="queue-length").check("standard", 170, snap)
+    lenient = estimator(tier_ttft_slo_ms={"premium": 300, "standard": 2000})
+    lenient.check("standard", 170, snap)
+    with pytest.raises(SLOUnattainableError):
+        estimator(tier_ttft_slo_ms={"premium": 5}).check("premium", 170, snap)
+    estimator(tier_ttft_slo_ms={"premium": 300}).check("standard", 170, snap)  # standard without a promise
+    with pytest.raises(ValueError, match="admission"):
+        EngineConfig(admission="fifo")
+    with pytest.raises(ValueError, match="tier_ttft_slo_ms"):
+        EngineConfig(tier_ttft_slo_ms={"gold": 100})
