@@ -45,6 +45,7 @@ class EngineConfig:
     # its tier's TTFT promise; "queue-length" only bounds each tier's queue (max_waiting_per_tier).
     admission: str = "slo"
     tier_ttft_slo_ms: dict[str, float] = field(default_factory=lambda: {"premium": 300.0, "standard": 800.0})
+    admission_target_frac: float = 0.8  # admit while the TTFT estimate stays within this share of the promise
 
     # Kernels
     use_triton: bool | None = None  # None: on CUDA when triton imports
@@ -62,6 +63,8 @@ class EngineConfig:
             raise ValueError("kv_watermark must be in (0, 1]")
         if self.admission not in ("slo", "queue-length"):
             raise ValueError(f"admission must be 'slo' or 'queue-length', got {self.admission!r}")
+        if not 0.0 < self.admission_target_frac <= 1.0:
+            raise ValueError("admission_target_frac must be in (0, 1]")
         if set(self.tier_ttft_slo_ms) - set(TIERS):
             raise ValueError(f"tier_ttft_slo_ms: unknown tiers {sorted(set(self.tier_ttft_slo_ms) - set(TIERS))}")
         if not 0.0 <= self.premium_reserved_kv_frac < 1.0:

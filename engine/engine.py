@@ -187,9 +187,10 @@ class Engine:
             return list(outputs.values())
 
     def _measure(self, batch: list[ScheduledSeq], step_s: float) -> None:
-        """Feed the admission estimate: the step's prefill tokens and time, the batch slots held."""
-        decodes = sum(1 for item in batch if item.num_new_tokens == 1 and item.seq.num_output_tokens > 1)
-        self.admission.on_step(step_s, sum(item.num_new_tokens for item in batch) - decodes)
+        """Feed the admission estimate: a step that ran the model (its time and prefill tokens); slots held."""
+        if batch:
+            decodes = sum(1 for item in batch if item.num_new_tokens == 1 and item.seq.num_output_tokens > 1)
+            self.admission.on_step(step_s, sum(item.num_new_tokens for item in batch) - decodes)
         slots = dict.fromkeys(TIERS, 0)
         for request in self.scheduler.running:
             slots[request.tier] += request.params.n

@@ -40,7 +40,7 @@ class SLOUnattainableError(EngineError):
     def __init__(self, tier: str, estimate_s: float, slo_s: float, retry_after_s: int):
         super().__init__(
             f"the {tier} tier's queue would delay this request's first token to about {estimate_s:.2f} s, "
-            f"beyond its {slo_s * 1e3:.0f} ms promise; retry in {retry_after_s} s"
+            f"too close to or beyond its {slo_s * 1e3:.0f} ms promise; retry in {retry_after_s} s"
         )
         self.tier = tier
         self.estimate_s = estimate_s

@@ -68,6 +68,8 @@ _ENGINE_HELP = {
                  "(--max-waiting-per-tier)",
     "tier_ttft_slo_ms": "TTFT promises that --admission slo keeps, in ms: premium=N,standard=N,basic=N (or JSON; "
                         "0: none). Default premium=300,standard=800; basic has none",
+    "admission_target_frac": "--admission slo admits while the estimated TTFT stays within this share of the "
+                             "promise (the rest is for HTTP, network and client; default 0.8)",
 }
 
 

@@ -15,10 +15,11 @@ def estimator(**kw) -> AdmissionEstimator:
     est = AdmissionEstimator(EngineConfig(**kw), LIMITS)
     est.on_finished(1.0)  # the first sample sets the mean
     est.on_finished(2.0)  # then EWMA: 0.05 * 2.0 + 0.95 * 1.0
-    est.on_step(0.05, 1000)  # half a 0.1 s window: no sample yet
-    est.on_step(0.5, 0)  # a step without prefill does not count
+    est.on_step(0.05, 1000)  # half a 0.1 s window: no rate sample yet
+    est.on_step(0.05, 0)  # a decode-only step counts for the step time, not for the prefill rate
     est.on_step(0.05, 1000)  # window: 2000 tokens / 0.1 s
-    est.on_step(0.1, 500)  # window: 5000 tokens/s -> 0.2 * 5000 + 0.8 * 20000
+    est.on_step(0.05, 250)
+    est.on_step(0.05, 250)  # window: 500 tokens / 0.1 s = 5000 tokens/s -> 0.2 * 5000 + 0.8 * 20000
     return est
 
 
@@ -32,6 +33,7 @@ def test_rates_are_ewmas_of_residence_and_windowed_prefill_throughput():
     est = estimator()
     assert est.mean_residence_s == pytest.approx(1.05)
     assert est.prefill_tokens_per_s == pytest.approx(17000.0)
+    assert est.step_s == pytest.approx(0.05)
 
 
 def test_queue_wait_per_tier():
@@ -58,12 +60,18 @@ def test_an_idle_batch_absorbs_a_burst_before_anyone_waits():
 
 def test_check_refuses_what_would_miss_the_promise_with_a_retry_after():
     est, snap = estimator(), snapshot()
-    est.check("premium", 170, snap)  # 0.012 + 0.010 s < 300 ms
+    # TTFT = wait + step time * (the step under way + its prefill chunks of 256 tokens); admitted while
+    # within 0.8 of the promise
+    assert est.ttft_s("premium", 170, snap)[1] == pytest.approx(200 / 17000 + 0.05 * 2)
+    est.check("premium", 170, snap)  # 0.112 s <= 0.8 * 300 ms
+    est.check("premium", 600, snap)  # 3 chunks: 0.212 s <= 0.24 s
+    with pytest.raises(SLOUnattainableError):
+        est.check("premium", 1000, snap)  # 4 chunks: 0.262 s > 0.24 s
     with pytest.raises(SLOUnattainableError) as e:
-        est.check("standard", 170, snap)  # 1.3125 + 0.010 s > 800 ms
+        est.check("standard", 170, snap)  # 1.3125 + 0.1 s > 0.8 * 800 ms
     assert e.value.tier == "standard" and e.value.slo_s == 0.8
-    assert e.value.estimate_s == pytest.approx(10 * 1.05 / 8 + 170 / 17000)
-    assert e.value.retry_after_s == 1  # ceil(1.3225 - 0.8)
+    assert e.value.estimate_s == pytest.approx(10 * 1.05 / 8 + 0.1)
+    assert e.value.retry_after_s == 1  # ceil(1.4125 - 0.64)
     assert "800 ms" in str(e.value) and "standard" in str(e.value)
     est.check("basic", 170, snap)  # no promise: only the queue bound applies
     big = QueueSnapshot({"premium": 0, "standard": 900, "basic": 0}, snap.queued_tokens, snap.running_slots)

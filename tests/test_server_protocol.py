@@ -237,8 +237,9 @@ def test_admission_flags():
     assert config_from_args(parser.parse_args([])).admission == "slo"
     c = config_from_args(parser.parse_args(["--admission", "queue-length", "--tier-ttft-slo-ms", "standard=500"]))
     assert c.admission == "queue-length" and c.tier_ttft_slo_ms == {"premium": 300, "standard": 500}
-    c = config_from_args(parser.parse_args(["--tier-ttft-slo-ms", '{"basic": 5000, "premium": 0}']))
-    assert c.tier_ttft_slo_ms == {"premium": 0, "standard": 800, "basic": 5000}
+    c = config_from_args(parser.parse_args(["--tier-ttft-slo-ms", '{"basic": 5000, "premium": 0}',
+                                            "--admission-target-frac", "0.7"]))
+    assert c.tier_ttft_slo_ms == {"premium": 0, "standard": 800, "basic": 5000} and c.admission_target_frac == 0.7
     with pytest.raises(SystemExit):
         parser.parse_args(["--admission", "fifo"])
     assert "--admission {slo,queue-length}" in parser.format_help()
