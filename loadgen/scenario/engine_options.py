@@ -34,6 +34,9 @@ ENGINE_OPTIONS: dict[str, tuple[tuple, tuple | None]] = {
     "premium_reserved_slots": ((int,), None),
     "max_waiting_per_tier": ((dict,), None),
     "kv_watermark": ((float,), None),
+    "admission": ((str,), ("slo", "queue-length")),
+    "tier_ttft_slo_ms": ((dict,), None),
+    "admission_target_frac": ((float,), None),
     "use_triton": ((bool, _opt), None),
     # server flags
     "api_key": ((str, _opt), None),
@@ -61,5 +64,11 @@ def parse_engine_options(eng: MappingNode) -> dict[str, Any]:
                 if tier not in ("premium", "standard", "basic") or isinstance(n, bool) or not isinstance(n, int):
                     raise ScenarioError(f"{eng.key(k)}.{tier}: expected premium|standard|basic: an integer, "
                                         f"found {found(n)}")
+        if k == "tier_ttft_slo_ms":
+            for tier, ms in v.items():
+                if tier not in ("premium", "standard", "basic") or isinstance(ms, bool) or \
+                        not isinstance(ms, (int, float)) or ms < 0:
+                    raise ScenarioError(f"{eng.key(k)}.{tier}: expected premium|standard|basic: a number of ms "
+                                        f">= 0, found {found(ms)}")
         out[k] = v
     return out
