@@ -124,6 +124,7 @@ def main() -> int:
     ap.add_argument("--overload-s", type=float, default=60.0)
     ap.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
                     help="engine option (e.g. admission=queue-length for the baseline)")
+    ap.add_argument("--workdir", type=Path, help="keep the run folders here (default: a temporary folder)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     opts = {"model": "tiny", "max_num_seqs": 64}
@@ -131,7 +132,9 @@ def main() -> int:
         k, _, v = kv.partition("=")
         opts[k] = v
     out: dict = {"engine": opts, "mix": MIX, "promises_ms": PROMISE_MS}
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = args.workdir or Path(tmp)
+        d.mkdir(parents=True, exist_ok=True)
         engine = EmbeddedEngine(opts, log_path=Path(d) / "engine.log")
         url = engine.start()
         try:

@@ -9,12 +9,17 @@ The engine thread feeds exponentially weighted moving averages (EWMA):
 
 A new request of tier T waits behind what is queued at T's rank or above (the premium queue for premium;
 premium and standard for standard; everything for basic), counted in the scheduler's queues and the
-engine's inbox: S slots (n per request) and K prefill tokens. F = the batch slots free to T (its slot
+engine's inbox: S slots (n per request) and K prefill tokens (admitted requests not yet prefilled count
+too: the burst just let in is still ahead). F = the batch slots free to T (its slot
 limit minus those held by tiers at or above it: lower tiers are preempted for it), and the occupancy the
 queue will run at, L = min(slot limit, slots running + S). When the scheduler's last admission stopped for
 lack of KV at T's rank or above, free slots do not help: F = 0 and L = the slots running. Then
 
-    mu = L / mean(R),  wait(T) = max(max(0, S - F) / mu, K / rho)   (a rate with no sample yet gives 0)
+    mu = L / mean(R),  wait(T) = max(max(0, S - F) / (mu - lambda_above), K / (rho - lambda_above * p_above))
+
+where lambda_above is the admitted arrival rate of the tiers above T and p_above their mean prompt length:
+they keep arriving and are served first, so only what they leave serves T's queue (a rate left <= 0 gives an
+infinite wait: T is refused while they saturate the engine; a rate with no sample yet gives 0).
     TTFT estimate = wait(T) + s * (1 + its own prefill steps)        (the step under way, then its chunks)
 
 With `admission="slo"`, a request that would queue (wait > 0) and whose estimate exceeds
@@ -29,6 +34,7 @@ seconds; a tier without a promise (basic) keeps only its queue bound, `max_waiti
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from engine.config import TIERS, EngineConfig
@@ -39,6 +45,7 @@ PREFILL_ALPHA = 0.2  # EWMA weight of one window's prefill rate
 PREFILL_WINDOW_S = 0.1  # step time a prefill-rate sample spans
 STEP_ALPHA = 0.1  # EWMA weight of one step's time
 RETRY_AFTER_MAX_S = 60
+ARRIVAL_ALPHA = 0.05  # EWMA weight of one admitted request's gap and prompt length
 
 
 @dataclass
@@ -58,7 +65,7 @@ def ewma(old: float | None, sample: float, alpha: float) -> float:
 class AdmissionEstimator:
     """Service rates measured on the engine thread; estimates and admission checks from any thread."""
 
-    def __init__(self, config: EngineConfig, slot_limits: dict[str, int]):
+    def __init__(self, config: EngineConfig, slot_limits: dict[str, int], clock=time.monotonic):
         self.mode = config.admission
         self.slo_s = {t: ms / 1e3 for t, ms in config.tier_ttft_slo_ms.items() if ms and ms > 0}
         self.target_frac = config.admission_target_frac
@@ -70,8 +77,30 @@ class AdmissionEstimator:
         self.prefill_tokens_per_s: float | None = None
         self._window_tokens = 0
         self._window_s = 0.0
+        self._clock = clock
+        # admitted arrivals per tier: the higher tiers' demand is served first, whatever is queued now
+        self._last_admit: dict[str, float] = {}
+        self.admit_gap_s: dict[str, float] = {}  # EWMA of the gap between admitted requests
+        self.mean_prompt: dict[str, float] = {}
 
-    # ---- measurements (engine thread) -----------------------------------------------------------
+    # ---- measurements ---------------------------------------------------------------------------
+    def on_admitted(self, tier: str, prompt_tokens: int) -> None:
+        """A request of ``tier`` was accepted (the HTTP thread, under the engine's inbox lock)."""
+        now = self._clock()
+        last = self._last_admit.get(tier)
+        if last is not None:
+            self.admit_gap_s[tier] = ewma(self.admit_gap_s.get(tier), max(now - last, 1e-6), ARRIVAL_ALPHA)
+        self._last_admit[tier] = now
+        self.mean_prompt[tier] = ewma(self.mean_prompt.get(tier), float(prompt_tokens), ARRIVAL_ALPHA)
+
+    def arrival_rate(self, tier: str) -> float:
+        """Admitted requests per second of ``tier`` lately (0 when it has been quiet for a while)."""
+        gap, last = self.admit_gap_s.get(tier), self._last_admit.get(tier)
+        if gap is None or last is None:
+            return 0.0
+        idle = self._clock() - last
+        return 1.0 / max(gap, idle)  # a tier that stopped sending stops counting
+
     def on_finished(self, residence_s: float) -> None:
         self.mean_residence_s = ewma(self.mean_residence_s, max(residence_s, 1e-6), RESIDENCE_ALPHA)
 
@@ -100,11 +129,15 @@ class AdmissionEstimator:
         else:
             free = max(0, limit - sum(snap.running_slots[t] for t in ahead))
             occupancy = max(1, min(limit, running + slots))
+        # the tiers above keep arriving and are served first: only what they leave serves this queue
+        above = TIERS[: TIERS.index(tier)]
         wait = 0.0
         if self.mean_residence_s and slots > free:
-            wait = (slots - free) * self.mean_residence_s / occupancy
+            turnover = occupancy / self.mean_residence_s - sum(self.arrival_rate(t) for t in above)
+            wait = (slots - free) / turnover if turnover > 0 else math.inf
         if self.prefill_tokens_per_s and tokens:
-            wait = max(wait, tokens / self.prefill_tokens_per_s)
+            rate = self.prefill_tokens_per_s - sum(self.arrival_rate(t) * self.mean_prompt.get(t, 0.0) for t in above)
+            wait = max(wait, tokens / rate if rate > 0 else math.inf)
         return wait
 
     def ttft_s(self, tier: str, prompt_tokens: int, snap: QueueSnapshot) -> tuple[float, float]:
@@ -121,5 +154,6 @@ class AdmissionEstimator:
         wait, ttft = self.ttft_s(tier, prompt_tokens, snap)
         target = self.target_frac * slo
         if wait > 0 and ttft > target:
-            retry = min(RETRY_AFTER_MAX_S, max(1, math.ceil(ttft - target)))
+            retry = RETRY_AFTER_MAX_S if not math.isfinite(ttft) else \
+                min(RETRY_AFTER_MAX_S, max(1, math.ceil(ttft - target)))
             raise SLOUnattainableError(tier, ttft, slo, retry)

@@ -68,6 +68,7 @@ class Engine:
         self._pending_by_tier = dict.fromkeys(TIERS, 0)
         self._pending_work = {t: [0, 0] for t in TIERS}  # inbox: batch slots and prompt tokens per tier
         self._running_slots = dict.fromkeys(TIERS, 0)  # after the last step, for admission estimates
+        self._running_prefill = dict.fromkeys(TIERS, 0)
         self.admission = AdmissionEstimator(config, {t: self.scheduler.slot_limit(t) for t in TIERS})
         self._work = threading.Event()
         self._step_lock = threading.RLock()
@@ -101,6 +102,7 @@ class Engine:
             except (QueueFullError, SLOUnattainableError):
                 self.admission_rejections[tier] += 1
                 raise
+            self.admission.on_admitted(tier, len(prompt_ids))
             self._pending_by_tier[tier] += 1
             self._pending_work[tier][0] += params.n
             self._pending_work[tier][1] += len(prompt_ids)
@@ -113,7 +115,8 @@ class Engine:
         queues = self.scheduler.queues
         return QueueSnapshot(
             queued_slots={t: queues.queued_slots[t] + self._pending_work[t][0] for t in TIERS},
-            queued_tokens={t: queues.queued_tokens[t] + self._pending_work[t][1] for t in TIERS},
+            queued_tokens={t: queues.queued_tokens[t] + self._pending_work[t][1] + self._running_prefill[t]
+                           for t in TIERS},
             running_slots=dict(self._running_slots),
             kv_blocked_tier=self.scheduler.kv_blocked_tier,
         )
@@ -192,9 +195,12 @@ class Engine:
             decodes = sum(1 for item in batch if item.num_new_tokens == 1 and item.seq.num_output_tokens > 1)
             self.admission.on_step(step_s, sum(item.num_new_tokens for item in batch) - decodes)
         slots = dict.fromkeys(TIERS, 0)
+        prefill = dict.fromkeys(TIERS, 0)  # admitted, not yet prefilled: a new request queues behind it too
         for request in self.scheduler.running:
             slots[request.tier] += request.params.n
-        self._running_slots = slots
+            if request.first_token_time is None and request.seqs:
+                prefill[request.tier] += max(0, len(request.prompt_ids) - request.seqs[0].num_computed)
+        self._running_slots, self._running_prefill = slots, prefill
 
     def _drain_inbox(self, outputs: dict[str, RequestOutput], now: float) -> None:
         self._work.clear()  # before draining, so an add racing with us sets it again

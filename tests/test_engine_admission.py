@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from engine import EngineConfig
@@ -101,3 +103,46 @@ def test_queue_length_mode_and_configured_promises():
         EngineConfig(admission="fifo")
     with pytest.raises(ValueError, match="tier_ttft_slo_ms"):
         EngineConfig(tier_ttft_slo_ms={"gold": 100})
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_tiers_above_keep_arriving_and_take_their_share_first():
+    clock = FakeClock()
+    est = AdmissionEstimator(EngineConfig(), LIMITS, clock=clock)
+    est.on_finished(1.0)
+    est.on_step(0.1, 1700)  # 17,000 prefill tokens/s
+    snap = snapshot()
+    alone = est.queue_wait_s("standard", snap)  # no premium arrivals seen yet: 10 * 1.0 / 8
+    assert alone == pytest.approx(10 * 1.0 / 8)
+    for _ in range(6):  # premium admitted every 0.5 s: 2 per second, 100 prompt tokens each
+        est.on_admitted("premium", 100)
+        clock.t += 0.5
+    clock.t -= 0.5  # now: right after the last premium arrival
+    assert est.arrival_rate("premium") == pytest.approx(2.0)
+    # slots turn over at 8 / 1.0 per second, premium takes 2 of them: 10 / (8 - 2)
+    assert est.queue_wait_s("standard", snap) == pytest.approx(10 / 6)
+    assert est.queue_wait_s("premium", snap) == pytest.approx(200 / 17000)  # nothing above premium
+    clock.t += 30.0  # premium went quiet: its rate decays with the silence, 1 / 30 s
+    assert est.arrival_rate("premium") == pytest.approx(1 / 30)
+
+
+def test_a_saturating_tier_above_makes_the_wait_infinite_and_the_request_is_refused():
+    clock = FakeClock()
+    est = AdmissionEstimator(EngineConfig(), LIMITS, clock=clock)
+    est.on_finished(1.0)
+    est.on_step(0.1, 1700)
+    for _ in range(20):  # premium admitted 10 per second: more than the 8 slots per second that turn over
+        est.on_admitted("premium", 100)
+        clock.t += 0.1
+    clock.t -= 0.1
+    assert est.queue_wait_s("standard", snapshot()) == math.inf
+    with pytest.raises(SLOUnattainableError) as e:
+        est.check("standard", 64, snapshot())
+    assert e.value.retry_after_s == 60
