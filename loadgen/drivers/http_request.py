@@ -1,6 +1,5 @@
-"""What every driver sends and how it reads a refusal: the client settings, the OpenAI request body for
-one spec, and the one-line text of an error response. Shared by the aiohttp replayer and the Locust
-users, so both send byte-identical requests."""
+"""What every driver sends: the client settings and the OpenAI request body for one spec. Shared by the
+aiohttp replayer and the Locust users, so both send byte-identical requests."""
 
 from __future__ import annotations
 
@@ -45,13 +44,3 @@ def build_body(spec: RequestSpec, cfg: ClientConfig, model: str) -> tuple[str, b
         body.update(cfg.extra_body)
     return path, json.dumps(body, separators=(",", ":")).encode()
 
-
-def error_text(raw: bytes, status: int) -> str:
-    """``HTTP 429: <the server's message>`` from an OpenAI error body (or the raw start of any other)."""
-    try:
-        obj = json.loads(raw)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        msg = err.get("message") if isinstance(err, dict) else None
-        return f"HTTP {status}: {msg or json.dumps(err)[:300]}"
-    except ValueError:
-        return f"HTTP {status}: {raw[:300].decode('utf-8', 'replace')}"

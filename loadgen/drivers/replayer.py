@@ -20,10 +20,10 @@ import aiohttp
 
 from loadgen.drivers.base import Progress, RecordSink
 from loadgen.drivers.event_loop import now
-from loadgen.drivers.http_request import ClientConfig, build_body, error_text
+from loadgen.drivers.http_request import ClientConfig, build_body
 from loadgen.drivers.stream_recorder import StreamRecorder
 from loadgen.results.records import RequestRecord
-from loadgen.target.discovery import discover_model
+from loadgen.target.discovery import discover_model, error_text
 from loadgen.target.sse import StreamError
 from loadgen.workload.specs import RequestSpec
 

@@ -1,4 +1,5 @@
-"""Which model a target serves, and the error for a target that cannot be used at all."""
+"""Which model a target serves, how to read its refusals, and the error for a target that cannot be used
+at all."""
 
 from __future__ import annotations
 
@@ -24,3 +25,15 @@ def discover_model(target: str, timeout_s: float = 10.0) -> str:
     if not data:
         raise TargetError(f"{url} lists no model; pass --model")
     return data[0]["id"]
+
+
+def error_text(raw: bytes, status: int) -> str:
+    """``HTTP 422: <the server's message>`` from an error body: OpenAI's ``{"error": {"message"}}``,
+    FastAPI's ``{"detail": ...}`` (``transformers serve``), else the start of whatever it sent."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return f"HTTP {status}: {raw[:300].decode('utf-8', 'replace')}"
+    err = obj.get("error", obj.get("detail", obj)) if isinstance(obj, dict) else obj
+    msg = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
+    return f"HTTP {status}: {msg or json.dumps(err)[:300]}"

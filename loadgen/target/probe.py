@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from loadgen.target.discovery import error_text
 from loadgen.target.sse import SSEParser, StreamError, decode_chunk
 
 PROBE_TEXT = "Hello there, how are you today?"
@@ -108,22 +109,12 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as r:
             raw = await r.read()
             if r.status != 200:
-                return Reply(r.status, _error_text(raw, r.status))
+                return Reply(r.status, error_text(raw, r.status))
             if not body.get("stream"):
                 return _read_json(raw)
             return _read_stream(raw)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         return Reply(None, f"{type(e).__name__}: {e}")
-
-
-def _error_text(raw: bytes, status: int) -> str:
-    try:
-        obj = json.loads(raw)
-    except ValueError:
-        return f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
-    err = obj.get("error", obj.get("detail", obj)) if isinstance(obj, dict) else obj
-    msg = err.get("message") if isinstance(err, dict) else err
-    return f"HTTP {status}: {str(msg)[:300]}"
 
 
 def _read_json(raw: bytes) -> Reply:

@@ -33,12 +33,13 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from geventhttpclient.url import URL
 from locust import FastHttpUser, constant, task
 
-from loadgen.drivers.http_request import ClientConfig, build_body, error_text
+from loadgen.drivers.http_request import ClientConfig, build_body
 from loadgen.drivers.locust.collect import Tally
 from loadgen.drivers.locust.plan import Plan, Stage, shard
 from loadgen.drivers.stream_recorder import StreamRecorder
 from loadgen.results import latency
 from loadgen.results.records import RequestRecord
+from loadgen.target.discovery import error_text
 from loadgen.target.request_shape import RequestShape
 from loadgen.target.sse import StreamError
 
