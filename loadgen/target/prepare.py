@@ -57,9 +57,8 @@ class PreparedTarget:
 
     def as_summary(self) -> dict[str, Any]:
         """The ``target_probe`` and ``request_fit`` keys of ``summary.json``."""
-        fit = self.fit.as_dict() | {"tokenizer": self.tokenizer_source, "overhead_tokens": self.overhead_tokens,
-                                    "warnings": list(self.warnings)}
-        fit["notes"] = list(fit["notes"]) + list(self.warnings)
+        fit = self.fit.as_dict() | {"tokenizer": self.tokenizer_source, "overhead_tokens": self.overhead_tokens}
+        fit["notes"] = list(fit["notes"]) + list(self.warnings)  # what preparing the text adds to the fit's own
         return {"target_probe": self.caps.as_dict() if self.caps else None, "request_fit": fit}
 
 

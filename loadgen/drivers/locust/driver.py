@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from loadgen.drivers.base import Progress, RecordSink
@@ -96,12 +96,10 @@ class LocustProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
 
-    def wait(self, poll: Callable[[], None] | None = None, timeout_s: float | None = None) -> int:
+    def wait(self, timeout_s: float | None = None) -> int:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while self.proc.poll() is None:
-                if poll:
-                    poll()
                 if deadline and time.monotonic() > deadline:
                     self.stop()
                     deadline = None
