@@ -29,7 +29,9 @@ def test_run_scenario_against_the_mock_server(mock_server, tmp_path):
     recs = read_records(run / "requests.jsonl")
     assert len(recs) == 60 and {x["status"] for x in recs} == {"ok"}
     keys = {"id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "prompt_tokens",
-            "output_tokens", "status", "http_status", "error", "server", "prompt_tokens_intended"}
+            "output_tokens", "status", "http_status", "error", "server", "prompt_tokens_intended",
+            "first_output_s", "reasoning_tokens", "chunk_tokens", "cached_tokens", "conversation", "turn",
+            "cancel_reason"}
     for x in recs:
         assert set(x) == keys
         assert x["output_tokens"] == 8 and len(x["token_s"]) == 8 and x["prompt_tokens"] == 12

@@ -19,8 +19,9 @@ BEFORE = json.loads((REPO / "tests" / "fixtures" / "smoke-seed7-before-layout.js
 ADDED = {"breakdown.mean_network_ms", "breakdown.p50_network_ms", "breakdown.p99_network_ms",
          "breakdown.mean_ttft_ms", "prompt_length", "scrape", "target_probe", "request_fit"}
 ADDED_PREFIXES = ("prompt_length.", "scrape.", "target_probe.", "request_fit.")
-ADDED_RECORD_FIELDS = {"prompt_tokens_intended"}
-TIME = {"scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "server"}
+ADDED_RECORD_FIELDS = {"prompt_tokens_intended", "first_output_s", "reasoning_tokens", "chunk_tokens",
+                       "cached_tokens", "conversation", "turn", "cancel_reason"}
+TIME = {"scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "server", "first_output_s"}
 UNNESTED = ("versions", "machine", "argv", "errors", "errors_by_http_status", "scenario")
 
 

@@ -23,7 +23,8 @@ from loadgen.results.summary import request_frame, summarize
 
 RECORD_COLUMNS = ("id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s",
                   "prompt_tokens", "output_tokens", "status", "http_status", "error", "server",
-                  "prompt_tokens_intended")
+                  "prompt_tokens_intended", "first_output_s", "reasoning_tokens", "chunk_tokens", "cached_tokens",
+                  "conversation", "turn", "cancel_reason")
 
 
 class RunDataError(Exception):

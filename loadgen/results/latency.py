@@ -14,7 +14,9 @@ dict (``requests.jsonl``); times are seconds on the run's clock, latencies milli
 - **SLO values** (``slo_value``) are judged on *every* request: one that failed (429, error, read
   timeout) counts as ``inf`` — it broke the promise; one cut off before the event (still in flight, or
   cancelled at the end of a step) counts as the time it had waited, a lower bound. ``quantile`` is
-  ``inf`` once it reaches a failed request, so a breach found with lower bounds is a real breach.
+  ``inf`` once it reaches a failed request, so a breach found with lower bounds is a real breach. A
+  request the workload cancels on purpose (its cancellation mix: a user closing the tab) is no sample
+  of any latency SLO: it is counted apart, with its reason.
 - **Breakdown**: TTFT = queue + prefill + the rest (network and front end), and decode time, from the
   target's per-request timing when it sends one, else from its histograms' deltas over the run.
 """
@@ -88,10 +90,19 @@ def succeeded(r: Any) -> bool:
     return _get(r, "status") == "ok"
 
 
+def client_cancelled(r: Any) -> bool:
+    """Cancelled on purpose by the workload's cancellation mix (``cancel_reason`` "client: ..."), not cut
+    off by the end of a run or a step."""
+    reason = r.get("cancel_reason") if isinstance(r, Mapping) else getattr(r, "cancel_reason", None)
+    return _get(r, "status") == "cancelled" and bool(reason) and str(reason).startswith("client")
+
+
 def slo_value(r: Any, metric: str, now_s: float | None = None) -> float:
     """A request's value for one SLO metric, by the rule above: exact when known, ``inf`` for a failed
     request, the time waited so far for one still in flight (``done_s`` None, judged at ``now_s``) or
     cut off, NaN when it says nothing (the TPOT of an unfinished request)."""
+    if client_cancelled(r):
+        return math.nan  # a planned cancellation (a user closing the tab) is no latency sample, by rule
     sched = _get(r, "scheduled_s")
     done = _get(r, "done_s")
     pending = done is None

@@ -18,8 +18,8 @@ class RequestRecord:
     tier: str | None
     scheduled_s: float  # intended send time; every latency is measured from here
     sent_s: float | None = None
-    first_token_s: float | None = None
-    token_s: list[float] = field(default_factory=list)  # arrival time of each content chunk
+    first_token_s: float | None = None  # the first token of any kind (reasoning or answer)
+    token_s: list[float] = field(default_factory=list)  # arrival time of each chunk that carried tokens
     done_s: float | None = None
     prompt_tokens: int | None = None  # as the server counted them (usage); None when it sent no usage
     output_tokens: int | None = None
@@ -28,6 +28,13 @@ class RequestRecord:
     error: str | None = None
     server: dict[str, float] | None = None  # {queue_ms, prefill_ms, decode_ms} from the target's timing
     prompt_tokens_intended: int | None = None  # the length the workload meant (token ids, or text built to it)
+    first_output_s: float | None = None  # the first answer (content) token; a reasoning model thinks before it
+    reasoning_tokens: int | None = None  # of output_tokens, how many were reasoning (None: no reasoning seen)
+    chunk_tokens: list[int] | None = None  # tokens each chunk of token_s carried; None: one each
+    cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache (usage), when it says
+    conversation: str | None = None  # multi-turn: the conversation and the turn this request is
+    turn: int | None = None
+    cancel_reason: str | None = None  # status "cancelled": "client: after k tokens" | "client: after t s" | "run stopped"
 
     def to_json(self) -> str:
         r6 = _r6
@@ -48,6 +55,13 @@ class RequestRecord:
                 "error": self.error,
                 "server": self.server,
                 "prompt_tokens_intended": self.prompt_tokens_intended,
+                "first_output_s": r6(self.first_output_s),
+                "reasoning_tokens": self.reasoning_tokens,
+                "chunk_tokens": self.chunk_tokens,
+                "cached_tokens": self.cached_tokens,
+                "conversation": self.conversation,
+                "turn": self.turn,
+                "cancel_reason": self.cancel_reason,
             },
             separators=(",", ":"),
         )
