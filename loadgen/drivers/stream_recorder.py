@@ -12,11 +12,18 @@ SERVER_KEYS = ("queue_ms", "prefill_ms", "decode_ms")
 
 
 class StreamRecorder:
-    def __init__(self, rec: RequestRecord):
+    def __init__(self, rec: RequestRecord, keep_text: bool = False):
         self.rec = rec
         self.parser = SSEParser()
         self.finished = False
         self.n_chunks = 0
+        self.keep_text = keep_text  # keep the answer's text (a conversation's next turn sends it back)
+        self._parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """The answer's text so far (content only, no reasoning); empty unless ``keep_text``."""
+        return "".join(self._parts)
 
     def feed(self, data: bytes, t: float) -> None:
         """Bytes as they arrived, at `t` seconds on the run's clock (split anywhere)."""
@@ -29,7 +36,9 @@ class StreamRecorder:
         if obj is None:  # [DONE]
             self.finished = True
             return
-        if chunk_content(obj):  # TTFT and ITL count content chunks only, as vLLM's benchmark does
+        if content := chunk_content(obj):  # TTFT and ITL count content chunks only, as vLLM's benchmark does
+            if self.keep_text:
+                self._parts.append(content)
             rec.token_s.append(t)
             self.n_chunks += 1
             if rec.first_token_s is None:
