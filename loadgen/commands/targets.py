@@ -42,7 +42,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_mock_server(args: argparse.Namespace) -> int:
-    from loadgen.target.mock_server import STRICT_FIELDS, MockConfig, serve
+    from loadgen.target.mock.config import STRICT_FIELDS, MockConfig
+    from loadgen.target.mock.server import serve
 
     if args.ttft_ms < 0 or args.itl_ms < 0 or (args.tokens is not None and args.tokens < 1):
         raise UsageError("--ttft-ms and --itl-ms must be >= 0 and --tokens >= 1")

@@ -1,0 +1,1 @@
+"""A mock OpenAI-compatible streaming target with exact timing (``slobench mock-server``)."""

@@ -1,0 +1,64 @@
+"""The mock server's settings and, for ``--strict``, the OpenAI request schema a strict server checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class MockConfig:
+    ttft_ms: float = 50.0
+    itl_ms: float = 20.0
+    tokens: int | None = None  # None: the request's max_tokens
+    model: str = "mock"
+    strict: bool = False
+    reject_fields: tuple[str, ...] = ()  # strict: also refuse these known fields (transformers serve: service_tier)
+    metrics: bool | None = None  # serve /metrics; None: yes, unless strict
+    metrics_bytes: int = 0  # extra series appended to /metrics, at least this many bytes
+
+
+# The OpenAI request schema, per endpoint (openai-python's CompletionCreateParams): what a strict server knows.
+# service_tier is OpenAI's (default | flex | priority) and kept on both, so only --reject-field drops it.
+_COMMON_FIELDS = frozenset({"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed",
+                            "stop", "n", "user", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+                            "service_tier"})
+STRICT_FIELDS = {
+    "/v1/completions": _COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix"},
+    "/v1/chat/completions": _COMMON_FIELDS | {
+        "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+        "response_format", "metadata", "store", "modalities", "audio", "prediction", "reasoning_effort",
+        "verbosity", "web_search_options", "safety_identifier", "prompt_cache_key", "function_call", "functions"},
+}
+STRICT_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
+
+
+def set_text(names) -> str:
+    """A set as Python prints it, sorted so the message is stable: {'ignore_eos', 'min_tokens'}."""
+    return "{" + ", ".join(repr(n) for n in sorted(names)) + "}"
+
+
+def strict_check(cfg: MockConfig, path: str, req) -> tuple[int, str] | None:
+    """(status, message) for a request a strict OpenAI server refuses, else None."""
+    if not isinstance(req, dict):
+        return 400, "the body must be a JSON object"
+    unexpected = set(req) - (STRICT_FIELDS[path] - set(cfg.reject_fields))
+    opts = req.get("stream_options")
+    if isinstance(opts, dict):
+        unexpected |= {f"stream_options.{k}" for k in set(opts) - STRICT_STREAM_OPTIONS}
+    if unexpected:  # transformers serve's words; vLLM and OpenAI refuse these too, in their own words
+        return 422, f"Unexpected fields in the request: {set_text(unexpected)}"
+    if not req.get("model"):
+        return 400, "you must provide a model parameter"
+    if req["model"] != cfg.model:
+        return 404, f"The model '{req['model']}' does not exist"
+    if path == "/v1/completions" and not isinstance(req.get("prompt"), str):
+        return 400, "prompt must be a string."
+    if path == "/v1/chat/completions" and not (isinstance(req.get("messages"), list) and req["messages"]):
+        return 400, "messages must be a non-empty array"
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = req.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            return 400, f"{key} must be a positive integer"
+    if req.get("n") not in (None, 1):
+        return 400, "only n = 1 is supported"
+    return None
