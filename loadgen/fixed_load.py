@@ -22,12 +22,15 @@ from loadgen.drivers.event_loop import now, run_sync
 from loadgen.drivers.factory import make_driver
 from loadgen.drivers.http_request import ClientConfig
 from loadgen.results import latency
+from loadgen.results.conversation_stats import planned_of
+from loadgen.results.prefix_cache import prefix_cache_check
 from loadgen.results.records import RecordWriter, read_records
 from loadgen.results.rundir import read_metrics
 from loadgen.results.runmeta import now_iso, run_metadata
 from loadgen.results.summary import summarize
 from loadgen.target.prepare import TargetOptions, prepare_target
 from loadgen.target.scrape import Scraper
+from loadgen.workload.sharing import PrefixShare
 from loadgen.workload.specs import RequestSpec
 
 
@@ -76,8 +79,12 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     stopped, model = run_sync(lambda: _drive(specs, opts, req_path, met_path))
     config["model"] = model
     (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    summary = summarize(read_records(req_path), goodput=opts.goodput or None, tier_slos=opts.tier_slos,
-                        lateness_bound_ms=opts.lateness_bound_ms, metrics=read_metrics(met_path))
+    records, samples = read_records(req_path), read_metrics(met_path)
+    summary = summarize(records, goodput=opts.goodput or None, tier_slos=opts.tier_slos,
+                        lateness_bound_ms=opts.lateness_bound_ms, metrics=samples, planned=planned_of(specs))
+    sharing = PrefixShare()
+    sharing.add(specs)
+    summary["prefix_cache"] = prefix_cache_check(records, samples, sharing.share)
     summary["run_id"] = run_dir.name
     summary["model"] = model
     summary["requests_planned"] = len(specs)

@@ -25,7 +25,8 @@ from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step
 from loadgen.capacity.step import CapacityRunner
 from loadgen.drivers.event_loop import run_sync
-from loadgen.results.rundir import read_run_records, write_summary
+from loadgen.results.prefix_cache import prefix_cache_check
+from loadgen.results.rundir import METRICS, read_metrics, read_run_records, write_summary
 from loadgen.results.runmeta import now_iso, run_metadata
 from loadgen.results.summary import prompt_length_of
 from loadgen.scenario.model import Scenario
@@ -212,7 +213,9 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
     outcome = search.outcome()
     summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
                             complete=runner.stopped is None, stopped=runner.stopped)
-    summary["prompt_length"] = prompt_length_of(read_run_records(run_dir))  # over every step's requests
+    records = read_run_records(run_dir)
+    summary["prompt_length"] = prompt_length_of(records)  # over every step's requests
+    summary["prefix_cache"] = prefix_cache_check(records, read_metrics(Path(run_dir) / METRICS), runner.sharing.share)
     write_summary(run_dir, summary)
     return CapacityResult(run_dir, summary, runner.stopped)
 

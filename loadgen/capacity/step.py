@@ -34,6 +34,7 @@ from loadgen.results.rundir import read_metrics
 from loadgen.scenario.steps import step_specs
 from loadgen.target.prepare import PreparedTarget
 from loadgen.target.scrape import Scraper, scrape_once
+from loadgen.workload.sharing import PrefixShare
 
 
 class StepRecordWriter(RecordWriter):
@@ -69,6 +70,7 @@ class CapacityRunner:
         self.driver: Driver | None = None
         self._scraper: Scraper | None = None
         self._metrics_ok = True
+        self.sharing = PrefixShare()  # what the steps' prompts share: the expected prefix-cache hit rate
 
     # -------------------------------------------------------------- lifecycle
 
@@ -120,6 +122,7 @@ class CapacityRunner:
         specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur)  # built before the clock runs
         if self.prepared is not None:
             self.prepared.adapt(specs)  # text prompts for a target that takes only text
+        self.sharing.add(specs)
         concurrency = int(load) if plan.closed else 0
         await driver.warm_up(connections_needed(specs, concurrency, plan.scenario.max_connections))
         start = self.clock() + driver.start_lead_s

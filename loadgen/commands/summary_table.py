@@ -54,7 +54,7 @@ def print_summary(s: dict[str, Any], run_dir: Path, as_json: bool) -> None:
 
 
 def print_target_fit(con, s: dict[str, Any]) -> None:
-    """What the target did not accept and what that means; prompt lengths off their intent."""
+    """What the target did not accept and what that means; prompt lengths off their intent; a warm cache."""
     from rich.markup import escape
 
     probe = s.get("target_probe") or {}
@@ -66,3 +66,6 @@ def print_target_fit(con, s: dict[str, Any]) -> None:
     pl = s.get("prompt_length") or {}
     if pl.get("flagged") and pl.get("note"):
         con.print(f"[bold yellow]prompt lengths:[/] {escape(pl['note'])}")
+    pc = s.get("prefix_cache") or {}
+    if pc.get("warm_cache") and pc.get("note"):
+        con.print(f"[bold yellow]prefix cache:[/] {escape(pc['note'])}")

@@ -143,6 +143,9 @@ def _verdicts(run: d.RunData) -> list[dict[str, str]]:
     pl = s.get("prompt_length") if isinstance(s.get("prompt_length"), dict) else {}
     if pl.get("flagged") and pl.get("note"):
         out.append({"cls": "warn", "text": f"Prompt lengths: {pl['note']}"})
+    pc = s.get("prefix_cache") if isinstance(s.get("prefix_cache"), dict) else {}
+    if pc.get("warm_cache") and pc.get("note"):
+        out.append({"cls": "warn", "text": f"Prefix cache: {pc['note']}"})
     if s.get("valid") is False:
         out.append({"cls": "bad", "text": "INVALID RUN: " + str(s.get("invalid_reason") or
                                                                "the load generator could not keep its schedule")})
@@ -184,7 +187,7 @@ def _meta(run: d.RunData) -> dict[str, Any]:
     keys = ("kind", "run_id", "scenario", "target", "driver", "model", "started_at", "duration_s", "duration",
             "git_commit", "versions", "machine", "client_lateness", "lateness", "valid", "invalid_reason",
             "verdict", "verdict_text", "axis", "slo", "headroom", "goodput_slo", "stopped_early", "requests_planned",
-            "target_probe", "request_fit", "prompt_length", "scrape")
+            "target_probe", "request_fit", "prompt_length", "scrape", "prefix_cache")
     meta: dict[str, Any] = {"kind": run.kind, "run_id": run.run_id, "folder": str(run.path)}
     for k in keys:
         if k in s and k not in ("kind", "run_id"):
