@@ -26,12 +26,17 @@ def sse_event(obj: Any) -> bytes:
     return b"data: " + dumps(obj).encode() + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; with ``cached_tokens`` (prompt tokens served from the prefix cache) also
+    ``prompt_tokens_details.cached_tokens``, as OpenAI and vLLM report it."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def timing_dict(timing: Any, tier: str) -> dict[str, Any] | None:

@@ -217,7 +217,7 @@ async def _full_response(req: GenerationRequest, stream: RequestStream) -> web.R
         req.model,
         stream.tier,
         [(c.index, c.text, c.finish_reason) for c in sorted(last.outputs, key=lambda c: c.index)],
-        usage(len(last.prompt_token_ids), completion_tokens),
+        usage(len(last.prompt_token_ids), completion_tokens, last.num_cached_tokens),
         timing_dict(last.timing, stream.tier),
     )
     return web.Response(text=dumps(body), content_type="application/json")
@@ -275,7 +275,7 @@ async def _stream_response(
                                 rid,
                                 created,
                                 model,
-                                usage(len(last.prompt_token_ids), completion_tokens),
+                                usage(len(last.prompt_token_ids), completion_tokens, last.num_cached_tokens),
                                 timing_dict(last.timing, stream.tier),
                             )
                         )

@@ -71,12 +71,21 @@ def test_shared_prefixes_tiers_and_conversations():
     tiers = Counter(s.tier for s in specs)
     assert tiers["premium"] / len(specs) == pytest.approx(0.25, abs=0.03)
 
-    conv = SyntheticWorkload(input_len=LengthDist("fixed", value=5), conversations=Conversations(3, 1.0, 4))
+    conv = SyntheticWorkload(input_len=LengthDist("fixed", value=5),
+                             conversations=Conversations(3, 1.0, 4, history="synthetic"))
     specs = conv.generate(np.arange(9) * 0.1, seed=0)
     c0 = sorted((s for s in specs if s.conversation == "c0"), key=lambda s: s.turn)
-    assert [s.turn for s in c0] == [0, 1, 2]
+    assert [s.turn for s in c0] == [0, 1, 2] and not any(s.follow_up for s in c0)
     assert c0[1].prompt[: len(c0[0].prompt)] == c0[0].prompt  # each turn extends its history
     assert len(c0[1].prompt) == 5 + 4 + 5 and c0[2].arrival_s - c0[0].arrival_s == pytest.approx(2.0)
+
+    # real history (the default): later turns carry only their user message; the driver adds the history
+    real = SyntheticWorkload(input_len=LengthDist("fixed", value=5), conversations=Conversations(3, 1.0))
+    r0 = sorted((s for s in real.generate(np.arange(9) * 0.1, seed=0) if s.conversation == "c0"),
+                key=lambda s: s.turn)
+    assert [s.follow_up for s in r0] == [False, True, True] and [len(s.prompt) for s in r0] == [5, 5, 5]
+    assert r0[0].prompt == c0[0].prompt and r0[1].prompt != r0[0].prompt
+    assert all(s.think_time_s == 1.0 for s in r0) and [len(s.segments) for s in r0] == [1, 1, 1]
 
 
 def _rec(i, sched, first, tokens, status="ok", out=None, tier=None, sent=None, server=None, http=200):

@@ -283,7 +283,8 @@ def test_a_mooncake_trace_keeps_its_prefix_sharing_as_text():
 def test_conversation_history_is_a_text_prefix_of_the_next_turn():
     m = maker_for("llama3")
     wl = SyntheticWorkload(input_len=LengthDist("uniform", min=3, max=60), shared_prefix=SharedPrefix(1, 30, 1.0),
-                           conversations=Conversations(turns=4, think_time_s=1.0, answer_tokens=20))
+                           conversations=Conversations(turns=4, think_time_s=1.0, answer_tokens=20,
+                                                                     history="synthetic"))
     for chat, overhead in ((False, 0), (True, 5)):
         specs = wl.generate([0.1 * i for i in range(40)], seed=2)
         intended = {s.id: s.prompt_tokens for s in specs}
@@ -324,7 +325,7 @@ def test_token_ids_without_structure_become_text_by_content():
 
 def test_token_ids_are_not_changed_by_the_text_structure():
     wl = SyntheticWorkload(input_len=LengthDist("uniform", min=5, max=50), shared_prefix=SharedPrefix(2, 16, 0.5),
-                           conversations=Conversations(turns=3))
+                           conversations=Conversations(turns=3, history="synthetic"))
     a, b = wl.generate([0.1 * i for i in range(30)], seed=9), wl.generate([0.1 * i for i in range(30)], seed=9)
     assert [s.prompt for s in a] == [s.prompt for s in b]
     assert all(sum(seg.tokens for seg in s.segments) == len(s.prompt) == s.prompt_tokens for s in a)

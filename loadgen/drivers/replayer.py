@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import aiohttp
 
+from loadgen.drivers import client_cancel
 from loadgen.drivers.base import Progress, RecordSink
+from loadgen.drivers.conversations import Conversation, Unit, fill_record, renamed, units
 from loadgen.drivers.event_loop import now
 from loadgen.drivers.http_request import ClientConfig, build_body
 from loadgen.drivers.stream_recorder import StreamRecorder
@@ -37,6 +39,18 @@ def cycle_until(specs: Iterable[RequestSpec], stop: Callable[[], bool]) -> Itera
             if stop():
                 return
             yield s if k == 0 else dataclasses.replace(s, id=f"{s.id}-{k}")
+        k += 1
+
+
+def cycle_units(items: Iterable[Unit], stop: Callable[[], bool]) -> Iterator[Unit]:
+    """``cycle_until`` for units: a conversation comes round again with new request and conversation ids."""
+    items = list(items)
+    k = 0
+    while items:
+        for u in items:
+            if stop():
+                return
+            yield u if k == 0 else renamed(u, f"-{k}")
         k += 1
 
 
@@ -133,9 +147,10 @@ class Replayer:
         self.t0 = now() + self.start_lead_s if t0 is None else t0
         if on_start:
             on_start(self.t0)
+        work: Iterable[Unit] = units(specs)
         if concurrency and until_s is not None:
-            specs = cycle_until(specs, lambda: now() - self.t0 >= until_s)
-        main = asyncio.ensure_future(self._closed(specs, concurrency) if concurrency else self._open(specs))
+            work = cycle_units(work, lambda: now() - self.t0 >= until_s)
+        main = asyncio.ensure_future(self._closed(work, concurrency) if concurrency else self._open(work))
         stopper = asyncio.ensure_future(self._stop.wait())
         dog = asyncio.ensure_future(self._watchdog())
         try:
@@ -160,44 +175,74 @@ class Replayer:
                     rec.status, rec.error = "timeout", f"no data for {limit:g}s"
                     task.cancel()
 
-    async def _open(self, specs: Iterable[RequestSpec]) -> None:
+    async def _open(self, work: Iterable[Unit]) -> None:
         loop = asyncio.get_running_loop()
         t0 = self.t0
-        for spec in specs:
+        for unit in work:
             if self._no_more:
                 break
+            spec = unit.head
             path, body = build_body(spec, self.cfg, self.model)  # built before its send time comes
             # uvloop's timers have 1 ms resolution and may fire a little early: never send early
             while (delay := t0 + spec.arrival_s - now()) > 0:
                 await asyncio.sleep(delay)
-            task = loop.create_task(self._one(spec, spec.arrival_s, path, body))
+            if unit.rest:
+                task = loop.create_task(self._conversation(unit, spec.arrival_s, path, body))
+            else:
+                task = loop.create_task(self._one(spec, spec.arrival_s, path, body))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _closed(self, specs: Iterable[RequestSpec], concurrency: int) -> None:
-        it = iter(specs)
+    async def _closed(self, work: Iterable[Unit], concurrency: int) -> None:
+        it = iter(work)
 
         async def user() -> None:
-            for spec in it:
+            for unit in it:
                 if self._no_more:
                     return
-                path, body = build_body(spec, self.cfg, self.model)
-                await self._one(spec, now() - self.t0, path, body)
+                path, body = build_body(unit.head, self.cfg, self.model)
+                if unit.rest:
+                    await self._conversation(unit, now() - self.t0, path, body)
+                else:
+                    await self._one(unit.head, now() - self.t0, path, body)
 
         users = [asyncio.ensure_future(user()) for _ in range(concurrency)]
         self._tasks.update(users)
         await asyncio.gather(*users, return_exceptions=True)
 
-    async def _one(self, spec: RequestSpec, scheduled_s: float, path: str, body: bytes) -> None:
+    async def _conversation(self, unit: Unit, scheduled_s: float, path: str, body: bytes) -> None:
+        """A conversation with real history, turn after turn (``drivers.conversations``)."""
+        conv = Conversation(unit)
+        while (turn := conv.next_turn()) is not None:
+            spec, due = turn
+            if due is not None:
+                while (delay := self.t0 + due - now()) > 0:  # the user's think time after the last reply
+                    await asyncio.sleep(delay)
+                if self._no_more:
+                    return
+                scheduled_s = due
+                path, body = build_body(spec, self.cfg, self.model)
+            rec, reply = await self._one(spec, scheduled_s, path, body, keep_text=True)
+            conv.answered(spec, rec, reply)
+
+    async def _one(self, spec: RequestSpec, scheduled_s: float, path: str, body: bytes,
+                   keep_text: bool = False) -> tuple[RequestRecord, str]:
+        """Send one request and record it; returns the record and (``keep_text``) the reply's text."""
         t0 = self.t0
         prog = self.progress
         rec = RequestRecord(spec.id, self.stage, spec.tier, scheduled_s, prompt_tokens_intended=spec.prompt_tokens)
+        fill_record(rec, spec)
+        reply = ""
         prog.sent += 1
         prog.in_flight += 1
         task = asyncio.current_task()
         self._active[task] = rec
+        timer = None
+        if spec.cancel_after_s is not None:  # the user closes the tab t s after the scheduled time
+            timer = asyncio.get_running_loop().call_later(max(0.0, t0 + scheduled_s + spec.cancel_after_s - now()),
+                                                          self._client_cancel, task, rec, spec)
         try:
             rec.sent_s = now() - t0
             async with self._session.post(self.cfg.target + path, data=body) as resp:
@@ -207,10 +252,10 @@ class Replayer:
                     rec.status = "rejected" if resp.status == 429 else "http_error"
                     rec.error = error_text(await resp.read(), resp.status)
                 else:
-                    await self._stream(resp, rec)
+                    reply = await self._stream(resp, rec, spec, keep_text)
         except asyncio.CancelledError:
-            if rec.status != "timeout":  # the watchdog sets timeout before it cancels
-                rec.status, rec.error = "cancelled", "run stopped"
+            if rec.status != "timeout" and rec.cancel_reason is None:  # the watchdog, a client cancel: set before
+                client_cancel.cancelled_by_run(rec)
         except StreamError as e:
             rec.status, rec.error = "stream_error", str(e)
         except asyncio.TimeoutError:
@@ -228,15 +273,30 @@ class Replayer:
                 rec.status = "stream_error"
             rec.error = f"{type(e).__name__}: {e}"
         finally:
+            if timer is not None:
+                timer.cancel()
             rec.done_s = now() - t0
             self._active.pop(task, None)
             prog.in_flight -= 1
             prog.finished(rec)
             self.sink.write(rec)
+        return rec, reply
 
-    async def _stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+    @staticmethod
+    def _client_cancel(task: asyncio.Task, rec: RequestRecord, spec: RequestSpec) -> None:
+        if rec.status == "ok" and not task.done():
+            client_cancel.cancelled_by_client(rec, spec, len(rec.token_s))
+            task.cancel()
+
+    async def _stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord, spec: RequestSpec,
+                      keep_text: bool = False) -> str:
         t0 = self.t0
-        recorder = StreamRecorder(rec)
+        recorder = StreamRecorder(rec, keep_text=keep_text)
+        after = spec.cancel_after_tokens
         async for data in resp.content.iter_any():
-            recorder.feed(data, now() - t0)
+            if client_cancel.feed(recorder, data, now() - t0, after):
+                client_cancel.cancelled_by_client(rec, spec, recorder.n_chunks)
+                resp.close()  # the connection goes: the server sees the client leave
+                return recorder.text
         recorder.close()
+        return recorder.text

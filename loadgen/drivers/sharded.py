@@ -1,7 +1,8 @@
 """The sharded replayer: the aiohttp replayer in N worker processes, one shard of the schedule each.
 
 One Python process streams about 400 req/s (README, "Measured"); past that the schedule is split
-round-robin (``specs[i::N]``) over N processes that share one clock (``time.monotonic`` is
+round-robin (``specs[i::N]``; a conversation with real history stays whole in one shard,
+``drivers.conversations.shard``) over N processes that share one clock (``time.monotonic`` is
 system-wide) and one ``t0``, so their requests interleave as the single schedule says. Each finished
 record comes back to this process through a queue and goes into the run's sink, like the in-process
 replayer's. The workers live from ``open()`` to ``close()``, so a capacity search pays for their start
@@ -19,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from loadgen.drivers.base import Progress, RecordSink
+from loadgen.drivers.conversations import shard
 from loadgen.drivers.event_loop import run_sync
 from loadgen.drivers.http_request import ClientConfig
 from loadgen.drivers.replayer import Replayer
@@ -171,8 +173,8 @@ class ShardedReplayer:
         users = -(-concurrency // n) if concurrency else 0  # closed loop: the users split over the workers
         self._stop_now.clear()
         self._stop_sending.clear()
-        for i, q in enumerate(self._commands):
-            q.put((specs[i::n], t0, stage, users, until_s))
+        for q, part in zip(self._commands, shard(specs, n), strict=True):  # a conversation stays on one shard
+            q.put((part, t0, stage, users, until_s))
         done = 0
         ticker = asyncio.ensure_future(self._tick())
         try:

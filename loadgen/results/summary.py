@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from loadgen.results import latency
+from loadgen.results.conversation_stats import cancellations_section, conversations_section
 from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -78,7 +79,9 @@ def summarize(
     lateness_bound_ms: float = latency.LATENESS_BOUND_MS,
     metrics: list[Mapping[str, Any]] | None = None,
     percentiles: Iterable[float] = (90, 99),
+    planned: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``planned``: what the run meant to send beyond its records (``conversation_stats.planned_of``)."""
     percentiles = tuple(percentiles)
     out: dict[str, Any] = {"requests": len(records)}
     df = request_frame(records)
@@ -127,6 +130,9 @@ def summarize(
         if metrics and len(metrics) >= 2 else None
     out["breakdown"] = latency.breakdown(ok_records, hist)
 
+    planned = planned or {}
+    out["conversations"] = conversations_section(records, planned.get("turns"))
+    out["cancellations"] = cancellations_section(records, planned.get("cancels"))
     out["prompt_length"] = prompt_length_truth(okd)
     out["scrape"] = scrape_cost(list(metrics or []))
     late = df["lateness_ms"].dropna().to_numpy()

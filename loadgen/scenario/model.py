@@ -13,7 +13,8 @@ workload:
   input_len: {dist: uniform, min: 16, max: 64}    # or a number (fixed)
   output_len: 16
   shared_prefix: {num_prompts: 2, length: 64, ratio: 0.5}
-  conversations: {turns: 3, think_time_s: 1.0}
+  conversations: {turns: 3, think_time_s: 1.0}   # history: real (the server's replies) | synthetic
+  cancel: {ratio: 0.1, after_tokens: 8}            # or after_s: 2.0: a share of users closing the tab
   token_range: [10, 250]
   # trace: path, format, time_scale, rate, start_offset_s, block_size, skip_failed, output_len
 tiers:                     # weight and SLOs (ms) per service tier
@@ -57,7 +58,7 @@ from loadgen.results.slo import SLO
 from loadgen.scenario.options import SearchConfig, StepOptions
 from loadgen.workload.arrivals import Arrivals
 from loadgen.workload.shaping import TraceShaping, load_shaped_trace
-from loadgen.workload.specs import RequestSpec
+from loadgen.workload.specs import CancelMix, RequestSpec
 from loadgen.workload.synthetic import SyntheticWorkload
 from loadgen.workload.traces import TraceError, TraceInfo, TraceOptions
 
@@ -100,6 +101,7 @@ class Scenario:
     shaping: TraceShaping = field(default_factory=TraceShaping)  # trace workloads: length scaling, caps, ties
     send_tier: bool | None = None  # client.send_tier: None sends tiers when the target accepts service_tier
     explicit_fields: set[str] = field(default_factory=set)  # request fields asked for explicitly (errors if rejected)
+    cancel: CancelMix | None = None  # workload.cancel: the client cancellation mix
 
     def slos(self) -> dict[str, list[SLO]]:
         """Each tier's judged SLOs (an empty list for a tier with no promise, e.g. basic)."""
@@ -111,13 +113,20 @@ class Scenario:
         """The request specs of this scenario and a description of the workload for the summary."""
         if self.workload_type == "trace":
             specs, info = self.trace_specs()
+            self.apply_cancel(specs, self.seed)
             sh = self.shaping
             return specs, {"type": "trace", **info.as_dict(), "input_scale": sh.input_scale,
                            "output_scale": sh.output_scale, "max_input_len": sh.max_input_len}
         times = self.arrivals.times(n=self.requests, duration_s=self.duration_s, seed=self.seed)
         specs = self.synthetic.generate(times, seed=self.seed)
+        self.apply_cancel(specs, self.seed)
         return specs, {"type": "synthetic", "requests": len(specs),
                        "duration_s": float(times[-1]) if len(times) else 0.0}
+
+    def apply_cancel(self, specs: list[RequestSpec], seed: int) -> None:
+        """The cancellation mix (``workload.cancel``), seeded, on specs in place."""
+        if self.cancel is not None:
+            self.cancel.apply(specs, seed)
 
     def trace_specs(self, opts: TraceOptions | None = None) -> tuple[list[RequestSpec], TraceInfo]:
         """This trace workload's requests, shaped (scaled, capped, ties spread). ``opts`` replaces the

@@ -19,7 +19,7 @@ from loadgen.scenario.schema import MappingNode
 from loadgen.workload.arrivals import KINDS as ARRIVAL_KINDS
 from loadgen.workload.arrivals import Arrivals
 from loadgen.workload.shaping import TraceShaping
-from loadgen.workload.specs import DEFAULT_TOKEN_RANGE
+from loadgen.workload.specs import DEFAULT_TOKEN_RANGE, CancelMix
 from loadgen.workload.synthetic import Conversations, LengthDist, SharedPrefix, SyntheticWorkload
 from loadgen.workload.traces import FORMATS, TraceError, TraceOptions, load_length_stats
 
@@ -99,6 +99,7 @@ def parse_scenario(
         _parse_synthetic_workload(w, s, arrival, token_range, base)
     else:
         _parse_trace_workload(w, load, s, arrival, token_range, base)
+    s.cancel = _parse_cancel(w)
     w.check_unknown()
     load.check_unknown()
 
@@ -237,6 +238,7 @@ def _parse_synthetic_workload(w: MappingNode, s: Scenario, arrival: str, token_r
         conversations=Conversations(
             conv.get("turns", int, 3, min_value=1), conv.get("think_time_s", float, 2.0, min_value=0.0),
             conv.get("answer_tokens", int, 32, min_value=0),
+            conv.get("history", str, "real", choices=Conversations.HISTORIES),
         ) if conv else None,
         tiers=s.tiers, token_range=token_range, ignore_eos=w.get("ignore_eos", bool, True),
     )
@@ -248,6 +250,23 @@ def _parse_synthetic_workload(w: MappingNode, s: Scenario, arrival: str, token_r
     for n in (sp, conv):
         if n:
             n.check_unknown()
+
+
+def _parse_cancel(w: MappingNode) -> CancelMix | None:
+    """``workload.cancel: {ratio, after_tokens | after_s}``: the client cancellation mix."""
+    c = w.child("cancel", None)
+    if c is None:
+        return None
+    ratio = c.get("ratio", float, min_value=0.0)
+    if not ratio <= 1:
+        raise ScenarioError(f"{c.key('ratio')}: expected a fraction in [0, 1], found {ratio!r}")
+    tokens = c.get("after_tokens", (int, type(None)), None, min_value=1)
+    after_s = c.get("after_s", (float, type(None)), None, positive=True)
+    if (tokens is None) == (after_s is None):
+        raise ScenarioError(f"{c.path}: expected exactly one of after_tokens or after_s, found "
+                            f"{'both' if tokens is not None else 'neither'}")
+    c.check_unknown()
+    return CancelMix(ratio, tokens, after_s)
 
 
 def _parse_length(node: MappingNode, k: str, default: int, base: Path) -> LengthDist:

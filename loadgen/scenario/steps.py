@@ -4,7 +4,9 @@ Steps use common random numbers: every step's arrival pattern is the same seeded
 scaled to its rate, so steps differ by load, not by luck; prompts are drawn fresh for each step (seed
 ``scn.seed * 1000 + index + 1``), so one step's prefix cache never serves the next. A trace step takes
 the trace's first ``load x duration`` rows (at least ``TRACE_MIN_ROWS``) at mean rate ``load``, shaped as
-the scenario says (``workload.shaping``) and cut at the step's end after its ties are spread.
+the scenario says (``workload.shaping``) and cut at the step's end after its ties are spread. A
+conversation's later turns (real history) go only while the step's window is open: one due after it ends is
+not sent (``RequestSpec.send_by_s``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float
         specs, _ = scn.trace_specs(opts)
         if axis == "rate":
             specs = [s for s in specs if s.arrival_s < duration_s]
+    scn.apply_cancel(specs, seed)
     for s in specs:
         s.id = f"s{index}-{s.id}"
+        if s.conversation is not None:
+            s.conversation = f"s{index}-{s.conversation}"
         s.arrival_s = start_s + (s.arrival_s if axis == "rate" else 0.0)
+        if s.follow_up:  # a conversation's later turn due after the step's window is not sent
+            s.send_by_s = start_s + duration_s
     return specs

@@ -68,19 +68,34 @@ def prepare_target(target: str, model: str | None, specs: list[RequestSpec], opt
     TokenizerError (a bad ``--tokenizer`` folder)."""
     model = model or discover_model(target)
     tokenizer = load_tokenizer(opts.tokenizer_dir) if opts.tokenizer_dir else None  # a bad folder fails first
+    real_history = any(s.follow_up for s in specs)  # token ids cannot carry the server's reply: text or chat
     if not opts.probe:
         shape = RequestShape(service_tier=opts.send_tier is not False)
-        return PreparedTarget(model, TargetFit(shape, notes=["the target was not probed (--no-probe): every "
-                                                              "optional field and token-id prompts are sent"]))
+        prepared = PreparedTarget(model, TargetFit(shape, notes=["the target was not probed (--no-probe): every "
+                                                                 "optional field and token-id prompts are sent"]))
+        if real_history:
+            prepared.maker = TextMaker(tokenizer or WordTokenizer())
+            prepared.tokenizer_source = (f"--tokenizer {tokenizer.name}" if tokenizer
+                                         else "none: about one token per word")
+            prepared.warnings.append(HISTORY_NOTE.format(kind="text"))
+        return prepared
     caps = asyncio.run(probe(target, model, opts.api_key))
     fit = fit_request_shape(caps, explicit=opts.explicit, uses_tiers=any(s.tier for s in specs),
                             token_prompts=any(s.kind == "tokens" for s in specs))
     if opts.send_tier is False:
         fit.shape.service_tier = False
     prepared = PreparedTarget(model, fit, caps)
-    if fit.shape.text_prompts or fit.shape.chat:
+    if real_history and not (fit.shape.text_prompts or fit.shape.chat):
+        fit.shape.chat = caps.chat  # the main path: the reply goes back as an assistant message
+        prepared.warnings.append(HISTORY_NOTE.format(kind="chat messages" if caps.chat else "text"))
+    if fit.shape.text_prompts or fit.shape.chat or real_history:
         _text_source(prepared, target, tokenizer)
     return prepared
+
+
+HISTORY_NOTE = ("conversations with real history are sent as {kind}: each turn carries the previous prompt, the "
+                "server's actual reply and the new user message (a reply's token ids are not known); turns after "
+                "the first have no intended prompt length (prompt_length compares first turns only)")
 
 
 def _text_source(prepared: PreparedTarget, target: str, tokenizer: Tokenizer | None) -> None:

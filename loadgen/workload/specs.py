@@ -83,6 +83,26 @@ class RequestSpec:
     turn: int = 0
     # the prompt's structure for text (synthetic workloads set it); None: derived from the prompt itself
     segments: tuple[Segment, ...] | None = None
+    # a conversation with real history, turn >= 1: ``prompt`` is the new user message only; the driver sends
+    # the previous turn's prompt + the server's reply + this message (``drivers.conversations``), due
+    # ``think_time_s`` after the previous reply ended (``arrival_s`` is only the earliest it could be), and
+    # not at all when that is at or after ``send_by_s`` (run clock; a capacity step's window end)
+    follow_up: bool = False
+    think_time_s: float = 0.0
+    send_by_s: float | None = None
+    # the cancellation mix (a user closing the tab): close the stream after this many content chunks, or
+    # this many seconds after the scheduled time
+    cancel_after_tokens: int | None = None
+    cancel_after_s: float | None = None
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """The record's ``cancel_reason`` when the client closes this request's stream on purpose."""
+        if self.cancel_after_tokens is not None:
+            return f"client: after {self.cancel_after_tokens} tokens"
+        if self.cancel_after_s is not None:
+            return f"client: after {self.cancel_after_s:g} s"
+        return None
 
     @property
     def kind(self) -> str:
@@ -97,3 +117,21 @@ class RequestSpec:
     def prompt_value(self) -> Any:
         """The prompt as it goes into the request body (token ids materialised)."""
         return self.prompt.tokens() if isinstance(self.prompt, BlockPrompt) else self.prompt
+
+
+@dataclass(slots=True)
+class CancelMix:
+    """``workload.cancel``: a seeded share ``ratio`` of requests closes its stream after ``after_tokens``
+    content chunks, or ``after_s`` seconds after its scheduled time (exactly one of the two)."""
+
+    ratio: float
+    after_tokens: int | None = None
+    after_s: float | None = None
+
+    def apply(self, specs: list[RequestSpec], seed: int = 0) -> None:
+        """Mark the chosen specs in place; the draw depends on the seed and the specs' order only."""
+        rng = np.random.default_rng([seed & 0xFFFFFFFF, 0xCA7CE1])
+        chosen = rng.random(len(specs)) < self.ratio
+        for spec, c in zip(specs, chosen, strict=True):
+            if c:
+                spec.cancel_after_tokens, spec.cancel_after_s = self.after_tokens, self.after_s

@@ -63,11 +63,24 @@ class SharedPrefix:
 
 @dataclass(slots=True)
 class Conversations:
-    """Multi-turn chats: each turn's prompt is the whole history plus a new user message."""
+    """Multi-turn chats: each turn's prompt is the whole history plus a new user message.
+
+    ``history: real`` (the default): turn k+1 sends turn k's prompt, the server's actual reply and a new
+    user message, ``think_time_s`` after turn k's reply ended (the drivers do it, ``drivers.conversations``;
+    the specs of turns >= 1 carry only their user message). ``history: synthetic``: the history is drawn
+    here, ``answer_tokens`` random tokens standing in for each reply, and turn k is scheduled at the
+    conversation's start + k x ``think_time_s`` whatever the server does."""
 
     turns: int = 3
-    think_time_s: float = 2.0  # gap between a conversation's turns in the schedule
-    answer_tokens: int = 32  # stand-in for the assistant's reply in the history
+    think_time_s: float = 2.0  # the user's pause between a reply and the next message
+    answer_tokens: int = 32  # history: synthetic: stand-in for the assistant's reply in the history
+    history: str = "real"  # real | synthetic
+
+    HISTORIES = ("real", "synthetic")
+
+    def __post_init__(self) -> None:
+        if self.history not in self.HISTORIES:
+            raise ValueError(f"history must be one of {', '.join(self.HISTORIES)}, got {self.history!r}")
 
 
 @dataclass(slots=True)
@@ -135,13 +148,17 @@ class SyntheticWorkload:
             for turn in range(conv.turns):
                 if i >= n:
                     break
-                history = history + rng.integers(lo, hi, int(in_lens[i])).tolist()
+                user = rng.integers(lo, hi, int(in_lens[i])).tolist()
+                history = history + user
                 segs.append(_segment(("user", seed, c, turn), int(in_lens[i])))
+                real = turn > 0 and conv.history == "real"  # the driver prepends the history and the reply
+                prompt, prompt_segs = (user, segs[-1:]) if real else (list(history), segs)
                 specs.append(
                     RequestSpec(
-                        id=f"c{c}t{turn}", arrival_s=start + turn * conv.think_time_s, prompt=list(history),
+                        id=f"c{c}t{turn}", arrival_s=start + turn * conv.think_time_s, prompt=prompt,
                         max_tokens=int(out_lens[i]), tier=tiers[c * conv.turns], ignore_eos=self.ignore_eos,
-                        prompt_tokens=len(history), conversation=f"c{c}", turn=turn, segments=_segments(segs),
+                        prompt_tokens=len(prompt), conversation=f"c{c}", turn=turn,
+                        segments=_segments(prompt_segs), follow_up=real, think_time_s=conv.think_time_s,
                     )
                 )
                 history = history + rng.integers(lo, hi, conv.answer_tokens).tolist()

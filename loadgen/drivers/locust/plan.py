@@ -19,7 +19,10 @@ from typing import Any
 
 from loadgen.scenario.parse import load_scenario
 from loadgen.scenario.steps import step_specs
+from loadgen.workload.exact_text import TextMaker
 from loadgen.workload.specs import RequestSpec
+from loadgen.workload.text_prompts import to_text
+from loadgen.workload.tokenizer import WordTokenizer
 
 
 @dataclass(slots=True)
@@ -77,7 +80,26 @@ class Plan:
 
 
 def shard(items: list, index: int, count: int) -> list:
-    return items[index::count] if count > 1 else list(items)
+    """This process's share: ``items[index::count]`` (specs, or (stage, spec) pairs), except that a
+    conversation with real history stays whole, with the process of its first turn."""
+    if count <= 1:
+        return list(items)
+    groups: list[list] = []
+    first_turn: dict[Any, list] = {}
+    for it in items:
+        sp = it[1] if isinstance(it, tuple) else it
+        if sp.follow_up and (g := first_turn.get((sp.conversation, _stage(it)))) is not None:
+            g.append(it)
+            continue
+        groups.append([it])
+        if sp.conversation is not None:
+            first_turn[(sp.conversation, _stage(it))] = groups[-1]
+    mine = [it for g in groups[index::count] for it in g]
+    return sorted(mine, key=lambda it: (_stage(it), (it[1] if isinstance(it, tuple) else it).arrival_s))
+
+
+def _stage(item: Any) -> int:
+    return item[0] if isinstance(item, tuple) else 0
 
 
 # ------------------------------------------------------------------ building plans
@@ -118,6 +140,13 @@ def plan_from_specs(specs: list[RequestSpec], *, concurrency: int = 0, model: st
     return Plan([st], model=model, tier_slos=dict(tier_slos or {}), name=name)
 
 
+def history_as_text(specs: list[RequestSpec]) -> None:
+    """A locustfile run has no target probe (``target.prepare``): conversations with real history go as text
+    completions, lengths about one token per word (a reply's token ids are not known, so no token ids)."""
+    if any(s.follow_up for s in specs):
+        to_text(specs, TextMaker(WordTokenizer()))
+
+
 def parse_steps(text: str | None) -> list[float]:
     if not text:
         return []
@@ -145,6 +174,7 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
     base = dict(model=model or scn.model, tier_slos=scn.tier_slos, name=scn.name)
     if not steps:
         specs, info = scn.build()
+        history_as_text(specs)
         plan = plan_from_specs(specs, concurrency=scn.arrivals.concurrency if closed else 0, **base)
         plan.meta = {"scenario": str(path), "workload": info}
         return plan
@@ -155,5 +185,6 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
     for k, load in enumerate(steps):  # each stage sends what a capacity step at that load sends
         start = k * step_s
         specs = step_specs(scn, axis, load, k, start, step_s)
+        history_as_text(specs)
         stages.append(Stage(k, axis, int(load) if closed else load, start, step_s, specs, cycle=closed))
     return Plan(stages, meta={"scenario": str(path), "steps": steps, "step_s": step_s}, **base)

@@ -19,7 +19,6 @@ fires ``LLM e2e`` with its error.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import itertools
 import time
@@ -33,6 +32,8 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from geventhttpclient.url import URL
 from locust import FastHttpUser, constant, task
 
+from loadgen.drivers import client_cancel
+from loadgen.drivers.conversations import Conversation, fill_record, renamed, units
 from loadgen.drivers.http_request import ClientConfig, build_body
 from loadgen.drivers.locust.collect import Tally
 from loadgen.drivers.locust.plan import Plan, Stage, shard
@@ -48,6 +49,10 @@ now = time.monotonic
 
 class RequestFailed(Exception):
     """The exception a failed request's ``e2e`` event carries (Locust's failures table shows it)."""
+
+
+class ClientCancel(Exception):
+    """The cancellation mix: this user closes the tab now (``drivers.client_cancel``)."""
 
 
 @dataclass
@@ -93,7 +98,8 @@ class ProcState:
         return shard(self.plan.schedule(), self.index, self.count)
 
     def next_closed(self) -> tuple[Stage, Any] | None:
-        """Closed loop: the next spec for a user of this process, or None when there is none."""
+        """Closed loop: the next unit (a request, or a conversation with real history) for a user of this
+        process, or None when there is none."""
         if self.stop_sending:
             return None
         t = now() - self.t0
@@ -102,27 +108,18 @@ class ProcState:
             return None
         it = self._closed_next.get(st.index)
         if it is None:
-            mine = shard(st.specs, self.index, self.count)
+            mine = units(shard(st.specs, self.index, self.count))
             it = self._closed_next[st.index] = _cycle(mine) if st.cycle else iter(mine)
         spec = next(it, None)
         return None if spec is None else (st, spec)
 
 
-def _cycle(specs):
+def _cycle(items):
     for rnd in itertools.count():
-        if not specs:
+        if not items:
             return
-        for sp in specs:
-            if rnd == 0:
-                yield sp
-            else:
-                c = _copy_spec(sp)
-                c.id = f"{sp.id}-{rnd}"
-                yield c
-
-
-def _copy_spec(sp):
-    return dataclasses.replace(sp)
+        for u in items:
+            yield u if rnd == 0 else renamed(u, f"-{rnd}")
 
 
 STATE = ProcState()
@@ -138,10 +135,18 @@ class _StreamingUser(FastHttpUser):
     def _http(self):
         return self.client.client.clientpool.get_client(URL(self.host))
 
-    def send(self, spec, stage: int, scheduled_s: float, path: str, body: bytes, http) -> RequestRecord:
+    def send(self, spec, stage: int, scheduled_s: float, path: str, body: bytes, http,
+             keep_text: bool = False) -> tuple[RequestRecord, str]:
+        """One request, recorded; returns the record and (``keep_text``) the reply's text."""
         st = STATE
         t0, tally = st.t0, st.tally
         rec = RequestRecord(spec.id, stage, spec.tier, scheduled_s, prompt_tokens_intended=spec.prompt_tokens)
+        fill_record(rec, spec)
+        reply = ""
+        timer = None
+        if spec.cancel_after_s is not None:  # the user closes the tab t s after the scheduled time
+            timer = gevent.Timeout(max(0.0, t0 + scheduled_s + spec.cancel_after_s - now()), ClientCancel())
+            timer.start()
         tally.sent += 1
         tally.in_flight += 1
         tally.sent_by_stage[stage] += 1
@@ -159,9 +164,13 @@ class _StreamingUser(FastHttpUser):
                 rec.status = "rejected" if rec.http_status == 429 else "http_error"
                 rec.error = error_text(resp.read(), rec.http_status)
             else:
-                _stream(resp, rec, t0)
+                reply = _stream(resp, rec, t0, spec.cancel_after_tokens, keep_text)
+        except ClientCancel:
+            client_cancel.cancelled_by_client(rec, spec, len(rec.token_s))
+            _drop_connection(resp)
         except gevent.GreenletExit:
-            rec.status, rec.error = "cancelled", "run stopped"
+            client_cancel.cancelled_by_run(rec)
+            _drop_connection(resp)
             raise
         except StreamError as e:
             rec.status, rec.error = "stream_error", str(e)
@@ -172,6 +181,8 @@ class _StreamingUser(FastHttpUser):
             rec.status = "stream_error" if rec.http_status else "conn_error"
             rec.error = f"{type(e).__name__}: {e}"
         finally:
+            if timer is not None:
+                timer.close()
             if resp is not None:
                 resp.release()
             rec.done_s = now() - t0
@@ -185,12 +196,29 @@ class _StreamingUser(FastHttpUser):
                 tally.errors += 1
             tally.outbox.append(rec.to_json())
             _fire(st.events, rec)
-        return rec
+        return rec, reply
+
+    def converse(self, unit, stage: int, scheduled: float, path: str, body: bytes, http) -> None:
+        """A conversation with real history, turn after turn, sleeping the user's think time between them."""
+        st = STATE
+        conv = Conversation(unit)
+        while (turn := conv.next_turn()) is not None:
+            spec, due = turn
+            if due is not None:
+                while (delay := st.t0 + due - now()) > 0:
+                    gevent.sleep(delay)
+                if st.stop_sending:
+                    return
+                scheduled = due
+                path, body = build_body(spec, st.cfg, st.model)
+            rec, reply = self.send(spec, stage, scheduled, path, body, http, keep_text=True)
+            conv.answered(spec, rec, reply)
 
 
-def _stream(resp, rec: RequestRecord, t0: float) -> None:
-    """Read the SSE body line by line as each line completes; recorded as the aiohttp replayer does."""
-    recorder = StreamRecorder(rec)
+def _stream(resp, rec: RequestRecord, t0: float, cancel_after: int | None = None, keep_text: bool = False) -> str:
+    """Read the SSE body line by line as each line completes; recorded as the aiohttp replayer does.
+    Raises ClientCancel once ``cancel_after`` content chunks are in."""
+    recorder = StreamRecorder(rec, keep_text=keep_text)
     readline = resp.readline
     while True:
         line = readline(b"\n")
@@ -198,8 +226,26 @@ def _stream(resp, rec: RequestRecord, t0: float) -> None:
             line = resp.read()  # an unterminated last line, if any
             if not line:
                 break
-        recorder.feed(line, now() - t0)
+        if client_cancel.feed(recorder, line, now() - t0, cancel_after):
+            rec.output_tokens = recorder.n_chunks
+            raise ClientCancel()
     recorder.close()
+    return recorder.text
+
+
+def _drop_connection(resp) -> None:
+    """Close the connection of an unfinished response (the server sees the client leave) rather than return
+    it to the pool with a stream still on it."""
+    sock = getattr(resp, "_sock", None)
+    if sock is None:
+        return
+    pool = getattr(resp, "_pool", None)
+    if pool is not None:
+        pool.release_socket(sock)
+    else:
+        sock.close()
+    resp._sock = None
+    resp._pool = None
 
 
 def _fire(events, rec: RequestRecord) -> None:
@@ -218,6 +264,14 @@ def _fire(events, rec: RequestRecord) -> None:
         ms = 1000.0 * (latency.sojourn_s(rec) or 0.0)
         fire(request_type="LLM", name="e2e", response_time=ms, response_length=0,
              exception=RequestFailed(f"{rec.status}: {rec.error}"), context=ctx)
+
+
+def _units_by_stage(schedule: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """(stage, unit) in send order: a conversation with real history is one unit (``drivers.conversations``)."""
+    out = []
+    for stage, items in itertools.groupby(schedule, key=lambda x: x[0]):
+        out += [(stage, u) for u in units([sp for _, sp in items])]
+    return out
 
 
 class OpenLoopDriver(_StreamingUser):
@@ -243,13 +297,17 @@ class OpenLoopDriver(_StreamingUser):
         http = self._http()
         cfg, model, t0 = st.cfg, st.model, st.t0
         group = self._group
-        for stage, spec in st.my_schedule():
+        for stage, unit in _units_by_stage(st.my_schedule()):
+            spec = unit.head
             path, body = build_body(spec, cfg, model)  # built before its send time comes
             while (delay := t0 + spec.arrival_s - now()) > 0:  # never send early
                 gevent.sleep(delay)
             if st.stop_sending:
                 break
-            group.spawn(self.send, spec, stage, spec.arrival_s, path, body, http)
+            if unit.rest:
+                group.spawn(self.converse, unit, stage, spec.arrival_s, path, body, http)
+            else:
+                group.spawn(self.send, spec, stage, spec.arrival_s, path, body, http)
         st.tally.finished = True
         group.join()
         while True:
@@ -271,9 +329,12 @@ class ClosedLoopUser(_StreamingUser):
             st.tally.finished = True
             gevent.sleep(0.5)
             return
-        stage, spec = item
-        path, body = build_body(spec, st.cfg, st.model)
-        self.send(spec, stage.index, now() - st.t0, path, body, self._http())
+        stage, unit = item
+        path, body = build_body(unit.head, st.cfg, st.model)
+        if unit.rest:
+            self.converse(unit, stage.index, now() - st.t0, path, body, self._http())
+        else:
+            self.send(unit.head, stage.index, now() - st.t0, path, body, self._http())
 
 
 def client_config(opts: dict[str, Any]) -> ClientConfig:
