@@ -189,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve /metrics (default: yes, unless --strict)")
     p.add_argument("--metrics-bytes", type=int, default=0, metavar="N",
                    help="pad /metrics with at least N bytes of extra series (a large page to scrape)")
+    p.add_argument("--metrics-flavor", choices=("vllm", "sglang", "tgi", "trtllm"), default="vllm",
+                   help="whose /metrics names (and behaviour) to mimic: vllm (the reference engine's, with "
+                        "per-request timing; default), sglang, tgi or trtllm (its page at /prometheus/metrics); "
+                        "the last three send no per-request timing, as those servers do not")
 
     sub.add_parser("serve", help="run the reference engine's OpenAI-compatible server (see serve --help)",
                    add_help=False)

@@ -17,6 +17,7 @@ from loadgen.capacity.plan import CapacityPlan
 from loadgen.results import latency
 from loadgen.results.records import RequestRecord
 from loadgen.results.scraped import breakdown_histogram_means, family
+from loadgen.results.server_metrics import VLLM, ServerMetrics, detect
 from loadgen.results.slo import SLO, judge
 from loadgen.results.summary import summarize
 
@@ -58,7 +59,8 @@ def step_detail(plan: CapacityPlan, st: StepWindow, records: Sequence[RequestRec
     margins = [math.inf if j["value_ms_q"] is None else j["value_ms_q"] / j["threshold_ms"]
                for e in tiers.values() for j in e["judged"].values() if j["n"]]
     passed = bool(judged) and all(judged) and st.early != "breach"
-    scraped = scraped_step_metrics(metrics, st.start_s, st.w0, w1, clock_s)
+    scraped = scraped_step_metrics(metrics, st.start_s, st.w0, w1, clock_s,
+                                   max_num_seqs=plan.scenario.engine.get("max_num_seqs"))
     hist = scraped.pop("breakdown_histograms")
     step_metrics = [m for m in metrics if st.start_s - 1.0 <= m["t"] <= clock_s]
     summ = summarize([json.loads(r.to_json()) for r in window], goodput=plan.scenario.goodput or None,
@@ -142,15 +144,18 @@ def agree(a: float | None, b: float | None) -> bool | None:
     return abs(a - b) <= max(AGREE_REL * max(a, b), AGREE_ABS)
 
 
-def scraped_step_metrics(metrics: list[dict], start: float, w0: float, w1: float, end: float) -> dict[str, Any]:
+def scraped_step_metrics(metrics: list[dict], start: float, w0: float, w1: float, end: float,
+                         max_num_seqs: int | None = None) -> dict[str, Any]:
     """KV usage, batch fill ratio, server-side in-flight (window means), admission rejections (delta
     over the whole step) and the breakdown histograms' means (``breakdown_histograms``, deltas over the
-    whole step) from the scrape."""
+    whole step) from the scrape, in the names of the server the page is from (``results.server_metrics``).
+    ``max_num_seqs``: the target's batch slots where its page does not say (vLLM, TGI), for the fill ratio."""
     win = [m["metrics"] for m in metrics if w0 <= m["t"] <= w1]
     before = [m["metrics"] for m in metrics if m["t"] <= start]
     during = [m["metrics"] for m in metrics if start < m["t"] <= end]
     first = before[-1] if before else (during[0] if during else None)
     last = during[-1] if during else None
+    srv = next((s for s in (detect(x) for x in [*win[-1:], *during[-1:]]) if s), None) or VLLM
 
     def mean_of(names: tuple[str, ...], combine) -> float | None:
         vals = []
@@ -162,15 +167,17 @@ def scraped_step_metrics(metrics: list[dict], start: float, w0: float, w1: float
                     break
         return float(np.mean(vals)) if vals else None
 
-    kv_names = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-    kv = [max(family(s, kv_names[0]) or family(s, kv_names[1]) or [math.nan]) for s in win]
+    kv_names = srv.kv_usage
+    kv = [max(next((f for n in kv_names if (f := family(s, n))), [math.nan])) for s in win]
     kv = [x for x in kv if not math.isnan(x)]
+    fill, fill_source = batch_fill(win, srv, max_num_seqs)
     out: dict[str, Any] = {
-        "kv_usage": mean_of(kv_names, lambda f: float(np.mean(f))),
+        "kv_usage": mean_of(kv_names, lambda f: float(np.mean(f))) if kv_names else None,
         "kv_usage_max": max(kv) if kv else None,
-        "batch_fill_ratio": mean_of(("slobench:batch_fill_ratio",), sum),
-        "server_running": mean_of(("vllm:num_requests_running",), sum),
-        "server_waiting": mean_of(("vllm:num_requests_waiting",), sum),
+        "batch_fill_ratio": fill,
+        "batch_fill_source": fill_source,
+        "server_running": mean_of((srv.running,), sum) if srv.running else None,
+        "server_waiting": mean_of((srv.waiting,), sum) if srv.waiting else None,
         "admission_rejections": None,
         "breakdown_histograms": {},
     }
@@ -179,5 +186,28 @@ def scraped_step_metrics(metrics: list[dict], start: float, w0: float, w1: float
         if rejected:
             out["admission_rejections"] = int(round(sum(rejected) - sum(family(first,
                                                                             "slobench:admission_rejections_total"))))
-        out["breakdown_histograms"] = breakdown_histogram_means(first, last)
+        out["breakdown_histograms"] = breakdown_histogram_means(first, last, srv)
     return out
+
+
+def batch_fill(win: list[dict], srv: ServerMetrics, max_num_seqs: int | None) -> tuple[float | None, str | None]:
+    """(mean batch fill ratio over the window samples, where it came from): the reference engine's
+    ``slobench:batch_fill_ratio`` (tiers summed); else the server's running gauge over its batch capacity:
+    a gauge of it on the page (SGLang's ``max_running_requests``, TRT-LLM's ``max_batch_size_runtime``),
+    else ``max_num_seqs`` (the scenario's ``engine.max_num_seqs``: vLLM and TGI do not expose theirs)."""
+    own = [sum(f) for s in win if (f := family(s, "slobench:batch_fill_ratio"))]
+    if own:
+        return float(np.mean(own)), "slobench:batch_fill_ratio"
+    if not srv.running:
+        return None, None
+    vals, source = [], None
+    for s in win:
+        running = family(s, srv.running)
+        if not running:
+            continue
+        cap_name = next((n for n in srv.max_running if family(s, n)), None)
+        cap = sum(family(s, cap_name)) if cap_name else (max_num_seqs or 0)
+        if cap > 0:
+            vals.append(sum(running) / cap)
+            source = f"{srv.running} / {cap_name}" if cap_name else f"{srv.running} / engine.max_num_seqs ({cap})"
+    return (float(np.mean(vals)), source) if vals else (None, None)

@@ -55,6 +55,7 @@ def cmd_mock_server(args: argparse.Namespace) -> int:
     if args.metrics_bytes < 0:
         raise UsageError("--metrics-bytes must be >= 0")
     serve(MockConfig(args.ttft_ms, args.itl_ms, args.tokens, args.model, strict=args.strict,
-                     reject_fields=tuple(args.reject_field), metrics=args.metrics, metrics_bytes=args.metrics_bytes),
+                     reject_fields=tuple(args.reject_field), metrics=args.metrics, metrics_bytes=args.metrics_bytes,
+                     metrics_flavor=args.metrics_flavor),
           args.host, args.port)
     return EXIT_OK

@@ -6,9 +6,14 @@ client shares a core with it — the load generator pinned to one core, the serv
 client still runs first; and it parses only the families it keeps (lines are filtered by prefix before
 the Prometheus parser sees them). Each line: ``{"t": seconds since the run start, "metrics":
 {"name{label=\"v\",...}": value}, "scrape": {"bytes", "fetch_ms", "parse_ms", "cpu_s"}}`` (or ``"error"``):
-the scrape's own cost, CPU seconds of the scraper process so far. Only families with the given prefixes
-are kept (``vllm:`` and ``slobench:`` by default), so the same breakdown code works against the reference
-engine and a real vLLM.
+the scrape's own cost, CPU seconds of the scraper process so far, and the ``path`` the page was found at
+(with a ``note`` when the first place tried was not it). Only families with the given prefixes are kept
+(by default every server of ``results.server_metrics`` — ``vllm:``, ``sglang:``, ``tgi_``, ``trtllm_`` —
+and the reference engine's ``slobench:``), so the same breakdown code works against each of them.
+
+Where the page is: ``/metrics``, else ``/prometheus/metrics`` (trtllm-serve, whose ``/metrics`` is JSON
+iteration statistics: a JSON answer is not Prometheus text and is passed over, with a note). The scraper
+looks once, before the run, and keeps the path that answered.
 """
 
 from __future__ import annotations
@@ -18,14 +23,18 @@ import json
 import multiprocessing as mp
 import os
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# vLLM's names (so breakdowns work against a real vLLM) and the reference engine's service-health signals.
-DEFAULT_PREFIXES = ("vllm:", "slobench:")
+from loadgen.results.server_metrics import PREFIXES
+
+# each server's names (vLLM, SGLang, TGI, TRT-LLM) and the reference engine's service-health signals
+DEFAULT_PREFIXES = (*PREFIXES, "slobench:")
+METRICS_PATHS = ("/metrics", "/prometheus/metrics")  # tried in this order; trtllm-serve's is the second
 
 
 SCRAPER_NICE = 10  # the client's processes run first when they share a core with the scraper
@@ -67,13 +76,42 @@ def scrape_once(url: str, prefixes: Sequence[str] = DEFAULT_PREFIXES, timeout: f
         return parse_metrics(r.read().decode("utf-8", "replace"), prefixes)
 
 
-def scrape_loop(url: str, out_path: str, t0, stop, interval_s: float = 1.0,
+def is_prometheus(body: bytes, content_type: str = "") -> bool:
+    """Whether an answer is Prometheus text, not JSON (trtllm-serve's ``/metrics``)."""
+    return "json" not in content_type.lower() and body.lstrip()[:1] not in (b"{", b"[")
+
+
+def find_metrics_page(target: str, timeout: float = 2.0) -> tuple[str, str | None]:
+    """(URL of the target's Prometheus page, a note on the places passed over or None): the first of
+    ``METRICS_PATHS`` that answers Prometheus text; ``/metrics`` when none does (its errors are then
+    recorded with each scrape)."""
+    base, notes = target.rstrip("/"), []
+    for path in METRICS_PATHS:
+        try:
+            with urllib.request.urlopen(base + path, timeout=timeout) as r:  # noqa: S310 (the target's URL)
+                body, ctype = r.read(), r.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as e:
+            notes.append(f"GET {path}: HTTP {e.code}")
+            continue
+        except Exception as e:  # noqa: BLE001 (unreachable: try the next place, then give up)
+            notes.append(f"GET {path}: {type(e).__name__}")
+            continue
+        if is_prometheus(body, ctype):
+            return base + path, "; ".join(notes) or None
+        notes.append(f"GET {path} answered JSON, not Prometheus text: ignored")
+    return base + METRICS_PATHS[0], "; ".join(notes) or None
+
+
+def scrape_loop(target: str, out_path: str, t0, stop, interval_s: float = 1.0,
                 prefixes: Sequence[str] = DEFAULT_PREFIXES, ready=None, go=None) -> None:
-    """Scrape until ``stop`` (a multiprocessing Event) is set; one final scrape after it. With ``ready``
-    and ``go`` events, signal ready once imported and wait for ``go``; ``t0`` is then read from a shared
-    value (the run start, known only then)."""
+    """Scrape the target's Prometheus page (found first: ``find_metrics_page``) until ``stop`` (a
+    multiprocessing Event) is set; one final scrape after it. With ``ready`` and ``go`` events, signal
+    ready once imported and the page found, and wait for ``go``; ``t0`` is then read from a shared value
+    (the run start, known only then)."""
     with contextlib.suppress(OSError):  # not permitted: scrape at the normal priority
         os.nice(SCRAPER_NICE)
+    url, note = find_metrics_page(target)
+    where = {"path": url[len(target.rstrip("/")):], **({"note": note} if note else {})}
     if ready is not None:
         ready.set()
         go.wait()
@@ -93,7 +131,8 @@ def scrape_loop(url: str, out_path: str, t0, stop, interval_s: float = 1.0,
                 c = time.perf_counter()
                 line = {"t": round(t, 6), "metrics": metrics,
                         "scrape": {"bytes": len(raw), "fetch_ms": round(1000 * (b - a), 3),
-                                   "parse_ms": round(1000 * (c - b), 3), "cpu_s": round(time.process_time(), 4)}}
+                                   "parse_ms": round(1000 * (c - b), 3), "cpu_s": round(time.process_time(), 4),
+                                   **where}}
             except Exception as e:  # noqa: BLE001 (any failure is recorded, scraping goes on)
                 line = {"t": round(t, 6), "error": f"{type(e).__name__}: {e}"}
             f.write(json.dumps(line, separators=(",", ":")) + "\n")
@@ -113,13 +152,14 @@ class Scraper:
         self._stop, self._ready, self._go = ctx.Event(), ctx.Event(), ctx.Event()
         self._t0 = ctx.Value("d", 0.0)
         self._proc = ctx.Process(
-            target=scrape_loop, args=(target.rstrip("/") + "/metrics", str(out_path), self._t0, self._stop,
+            target=scrape_loop, args=(target.rstrip("/"), str(out_path), self._t0, self._stop,
                                       interval_s, tuple(prefixes), self._ready, self._go),
             daemon=True, name="slobench-scraper",
         )
 
     def start(self, timeout: float = 30.0) -> Scraper:
-        """Start the process and wait until it is ready, so its start-up never overlaps the run."""
+        """Start the process and wait until it is ready (imported, the page found), so its start-up never
+        overlaps the run."""
         self._proc.start()
         self._ready.wait(timeout)
         return self

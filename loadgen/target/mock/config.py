@@ -15,6 +15,7 @@ class MockConfig:
     reject_fields: tuple[str, ...] = ()  # strict: also refuse these known fields (transformers serve: service_tier)
     metrics: bool | None = None  # serve /metrics; None: yes, unless strict
     metrics_bytes: int = 0  # extra series appended to /metrics, at least this many bytes
+    metrics_flavor: str = "vllm"  # whose /metrics names: vllm (the reference engine's) | sglang | tgi | trtllm
 
 
 # The OpenAI request schema, per endpoint (openai-python's CompletionCreateParams): what a strict server knows.

@@ -1,24 +1,100 @@
-"""The mock server's ``/metrics`` page: the ``vllm:`` series the scraper reads, and padding to bench a large page."""
+"""The mock server's Prometheus page in one server's names (``--metrics-flavor``: the reference engine's
+``vllm:`` series by default, or SGLang's, TGI's or trtllm-serve's), and padding to bench a large page.
+
+Every finished request is observed with exact, known values: queue 0, prefill = the mock's TTFT, decode =
+the rest of the stream, so a test can assert the breakdown each server's histograms give. trtllm-serve's
+page is at ``/prometheus/metrics`` (its ``/metrics`` answers JSON iteration stats, ``[]`` here)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+FLAVORS = ("vllm", "sglang", "tgi", "trtllm")
 
 
 class MockMetrics:
-    def __init__(self, model: str) -> None:
+    """The page's series; ``start()`` when a request starts, ``abort()`` when its client leaves,
+    ``finish()`` when it ends."""
+
+    def __init__(self, model: str, flavor: str = "vllm") -> None:
+        if flavor not in FLAVORS:
+            raise ValueError(f"metrics flavor {flavor!r}: expected one of {', '.join(FLAVORS)}")
+        self.flavor = flavor
+        self.path = "/prometheus/metrics" if flavor == "trtllm" else "/metrics"
+        self.json_page = b"[]" if flavor == "trtllm" else None  # what its /metrics answers instead
         r = self.registry = CollectorRegistry()
-        lab = ["model_name"]
-        self.running = Gauge("vllm:num_requests_running", "Requests running", lab, registry=r).labels(model)
-        Gauge("vllm:num_requests_waiting", "Requests waiting", lab, registry=r).labels(model)
-        self.prompt = Counter("vllm:prompt_tokens", "Prompt tokens", lab, registry=r).labels(model)
-        self.gen = Counter("vllm:generation_tokens", "Generated tokens", lab, registry=r).labels(model)
-        self.queue, self.prefill, self.decode = (
-            Histogram(f"vllm:request_{n}_time_seconds", f"{n} time", lab, buckets=BUCKETS, registry=r).labels(model)
-            for n in ("queue", "prefill", "decode")
-        )
+        self._hist: dict[str, object] = {}  # part -> histogram child: queue, prefill, decode, ttft, e2e, ...
+        getattr(self, f"_build_{flavor}")(r, model)
+
+    def _h(self, part: str, name: str, labels: dict[str, str], doc: str = "") -> None:
+        h = Histogram(name, doc or name, list(labels), buckets=BUCKETS, registry=self.registry)
+        self._hist[part] = h.labels(**labels) if labels else h
+
+    def _gauges(self, running: str, waiting: str, labels: dict[str, str]) -> None:
+        r, lab = self.registry, list(labels)
+        g_run = Gauge(running, "Requests running", lab, registry=r)
+        g_wait = Gauge(waiting, "Requests waiting", lab, registry=r)
+        self.running = g_run.labels(**labels) if labels else g_run
+        if labels:
+            g_wait.labels(**labels)  # the series exists, at 0
+
+    def _counters(self, prompt: str, gen: str, labels: dict[str, str]) -> None:
+        lab = list(labels)
+        self.prompt = Counter(prompt, "Prompt tokens", lab, registry=self.registry).labels(**labels)
+        self.gen = Counter(gen, "Generated tokens", lab, registry=self.registry).labels(**labels)
+
+    def _build_vllm(self, r: CollectorRegistry, model: str) -> None:
+        lab = {"model_name": model}
+        self._gauges("vllm:num_requests_running", "vllm:num_requests_waiting", lab)
+        self._counters("vllm:prompt_tokens", "vllm:generation_tokens", lab)
+        for part in ("queue", "prefill", "decode"):
+            self._h(part, f"vllm:request_{part}_time_seconds", lab, f"{part} time")
+
+    def _build_sglang(self, r: CollectorRegistry, model: str) -> None:
+        lab = {"model_name": model}
+        self._gauges("sglang:num_running_reqs", "sglang:num_queue_reqs", lab)
+        self._counters("sglang:prompt_tokens", "sglang:generation_tokens", lab)
+        self._h("queue", "sglang:queue_time_seconds", lab)
+        self._h("ttft", "sglang:time_to_first_token_seconds", lab)
+        self._h("e2e", "sglang:e2e_request_latency_seconds", lab)
+
+    def _build_tgi(self, r: CollectorRegistry, model: str) -> None:  # TGI's series carry no model label
+        self._gauges("tgi_batch_current_size", "tgi_queue_size", {})
+        self.prompt = self.gen = None
+        for part, name in (("validation", "validation"), ("queue", "queue"), ("inference", "inference"),
+                           ("e2e", ""), ("per_token", "mean_time_per_token")):
+            self._h(part, f"tgi_request_{name}_duration" if name else "tgi_request_duration", {})
+        batch = Histogram("tgi_batch_inference_duration", "Batch inference duration", ["method"], buckets=BUCKETS,
+                          registry=r)
+        self._hist["prefill_batch"] = batch.labels(method="prefill")
+
+    def _build_trtllm(self, r: CollectorRegistry, model: str) -> None:
+        lab = {"model_name": model, "engine_type": "trtllm"}
+        self._gauges("trtllm_num_requests_running", "trtllm_num_requests_waiting", lab)
+        self._counters("trtllm_prompt_tokens", "trtllm_generation_tokens", lab)
+        for part, name in (("queue", "request_queue_time"), ("ttft", "time_to_first_token"),
+                           ("e2e", "e2e_request_latency"), ("prefill", "request_prefill_time"),
+                           ("decode", "request_decode_time")):
+            self._h(part, f"trtllm_{name}_seconds", lab)
+
+    def start(self) -> None:
+        self.running.inc()
+
+    def abort(self) -> None:
+        self.running.dec()
+
+    def finish(self, ttft_s: float, decode_s: float, n_in: int, n_out: int) -> None:
+        """A request ended: queue 0, prefill ``ttft_s``, decode ``decode_s``, in this flavour's histograms."""
+        self.running.dec()
+        if self.prompt is not None:
+            self.prompt.inc(n_in)
+            self.gen.inc(n_out)
+        values = {"queue": 0.0, "validation": 0.0, "prefill": ttft_s, "prefill_batch": ttft_s, "ttft": ttft_s,
+                  "decode": decode_s, "e2e": ttft_s + decode_s, "inference": ttft_s + decode_s,
+                  "per_token": (ttft_s + decode_s) / max(1, n_out)}
+        for part, h in self._hist.items():
+            h.observe(values[part])
 
 
 def metrics_padding(n_bytes: int) -> bytes:

@@ -3,7 +3,8 @@
 Each request gets its first token ``ttft_ms`` after it arrives and the next ones ``itl_ms`` apart, on an
 absolute schedule (no drift from timer overshoot). The final chunk carries ``usage`` and ``timing``
 like the reference engine's; ``/metrics`` exposes a few ``vllm:`` series for the scraper (padded with
-``metrics_bytes`` of extra series, to bench a large page).
+``metrics_bytes`` of extra series, to bench a large page). ``metrics_flavor`` (sglang | tgi | trtllm) makes
+it that server instead: its metric names (trtllm's at ``/prometheus/metrics``), and no ``timing``.
 
 ``strict`` makes it a strict OpenAI server, as ``transformers serve`` is: unknown fields are a 422, a prompt
 that is not a string a 400, ``usage`` comes only with ``stream_options.include_usage``, there is no
@@ -33,7 +34,7 @@ from loadgen.target.mock.wire import SSE_HEAD, STREAM_END, error, response
 class _Server:
     def __init__(self, cfg: MockConfig):
         self.cfg = cfg
-        self.metrics = MockMetrics(cfg.model)
+        self.metrics = MockMetrics(cfg.model, cfg.metrics_flavor)
         self.created = int(time.time())
         self.serve_metrics = cfg.metrics if cfg.metrics is not None else not cfg.strict
         self.padding = metrics_padding(cfg.metrics_bytes)  # built once: a scrape costs the write, not the build
@@ -59,7 +60,7 @@ class _Conn(asyncio.Protocol):
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
-            self.srv.metrics.running.dec()
+            self.srv.metrics.abort()
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -96,9 +97,11 @@ class _Conn(asyncio.Protocol):
             elif path == "/v1/models":
                 self.tr.write(response(200, json.dumps(
                     {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}).encode()))
-            elif path == "/metrics" and srv.serve_metrics:
+            elif path == srv.metrics.path and srv.serve_metrics:
                 page = generate_latest(srv.metrics.registry)
                 self.tr.write(response(200, page + srv.padding if srv.padding else page, CONTENT_TYPE_LATEST))
+            elif path == "/metrics" and srv.serve_metrics and srv.metrics.json_page is not None:
+                self.tr.write(response(200, srv.metrics.json_page))  # trtllm-serve: JSON iteration stats
             else:
                 self.tr.write(error(404, f"no route {path}"))
             return
@@ -135,7 +138,7 @@ class _Conn(asyncio.Protocol):
         emissions = plan.emissions
         ttft = cfg.ttft_ms / 1000.0
         self.busy = True
-        srv.metrics.running.inc()
+        srv.metrics.start()
         self.tr.write(SSE_HEAD + plan.opening)
 
         def emit(k: int) -> None:
@@ -148,13 +151,7 @@ class _Conn(asyncio.Protocol):
             self.handle = None
             decode_ms = max(0.0, (self.loop.time() - t_arrive - ttft) * 1000.0)
             self.tr.write(emissions[k][1] + plan.closing(decode_ms) + STREAM_END)
-            m = srv.metrics
-            m.running.dec()
-            m.prompt.inc(n_in)
-            m.gen.inc(n_out)
-            m.queue.observe(0.0)
-            m.prefill.observe(ttft)
-            m.decode.observe(decode_ms / 1000.0)
+            srv.metrics.finish(ttft, decode_ms / 1000.0, n_in, n_out)
             self.busy = False
             if self.buf:
                 self._next()
@@ -182,20 +179,14 @@ class _Conn(asyncio.Protocol):
                 "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}}
         ttft = cfg.ttft_ms / 1000.0
         self.busy = True
-        srv.metrics.running.inc()
+        srv.metrics.start()
 
         def done() -> None:
             self.handle = None
             if self.closed:
                 return
             self.tr.write(response(200, json.dumps(body).encode()))
-            m = srv.metrics
-            m.running.dec()
-            m.prompt.inc(n_in)
-            m.gen.inc(n_out)
-            m.queue.observe(0.0)
-            m.prefill.observe(ttft)
-            m.decode.observe(max(0.0, self.loop.time() - t_arrive - ttft))
+            srv.metrics.finish(ttft, max(0.0, self.loop.time() - t_arrive - ttft), n_in, n_out)
             self.busy = False
             if self.buf:
                 self._next()

@@ -48,7 +48,7 @@ def plan_stream(cfg: MockConfig, req: dict[str, Any], chat: bool, head: dict[str
         if usage:
             final = {**head, "choices": [],
                      "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}}
-            if not cfg.strict:  # per-request timing is the reference engine's extension, not OpenAI's
+            if not cfg.strict and cfg.metrics_flavor == "vllm":  # the reference engine's extension only
                 final["timing"] = {"queue_ms": 0.0, "prefill_ms": cfg.ttft_ms, "decode_ms": decode_ms,
                                    "tier": req.get("service_tier") or "standard"}
             out.append(sse(final))
