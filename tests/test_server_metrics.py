@@ -8,9 +8,12 @@ import json
 import time
 import urllib.request
 
+import pandas as pd
 import pytest
 
 from loadgen.capacity.step_stats import scraped_step_metrics
+from loadgen.report.data import RunData
+from loadgen.report.health import health
 from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
 from loadgen.results.server_metrics import SGLANG, TGI, TRTLLM, VLLM, detect
 from loadgen.target.scrape import Scraper, find_metrics_page, is_prometheus, parse_metrics
@@ -125,6 +128,16 @@ def test_batch_fill_from_each_servers_gauges():
     assert sc["kv_usage"] is None and sc["server_running"] == 6
     trt = [window(3.0, trtllm_num_requests_running=32.0, trtllm_max_batch_size_runtime=64.0)]
     assert scraped_step_metrics(trt, 1.0, 2.0, 6.0, 10.0)["batch_fill_ratio"] == 0.5
+
+
+def test_report_health_reads_sglang_and_trtllm_kv_and_token_counters(tmp_path):
+    for gen, kv in (("sglang:generation_tokens_total", "sglang:token_usage"),
+                    ("trtllm_generation_tokens_total", "trtllm_kv_cache_utilization")):
+        m = pd.DataFrame({f'{gen}{{model_name="m"}}': [0.0, 100.0, 300.0],
+                          f'{kv}{{model_name="m"}}': [0.1, 0.5, 0.25]}, index=[0.0, 1.0, 2.0])
+        h = health(RunData(tmp_path, {}, pd.DataFrame(), m))
+        assert h["token_rate"]["server tok/s"] == ([1.0, 2.0], [100.0, 200.0])
+        assert h["kv_usage"]["KV usage %"] == ([0.0, 1.0, 2.0], [10.0, 50.0, 25.0])
 
 
 def test_is_prometheus():

@@ -10,6 +10,11 @@ import numpy as np
 import pandas as pd
 
 from loadgen.report.data import RunData, percentile
+from loadgen.results.server_metrics import SERVERS
+
+# each server's cumulative generated-token counter and KV-use gauges (results.server_metrics names)
+GENERATION_COUNTERS = ("vllm:generation_tokens", "sglang:generation_tokens", "trtllm_generation_tokens")
+KV_GAUGES = tuple(n for srv in SERVERS for n in srv.kv_usage)
 
 
 def _bucket(run: RunData) -> float:
@@ -63,7 +68,8 @@ def _rate(s: pd.Series) -> pd.Series:
 def health(run: RunData) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
     """The five service-health signals over the run, each ``{line name: (t, values)}``; an empty dict
     for a signal with no data. Client-side signals come from the records (bucketed by scheduled time),
-    server-side ones from ``metrics.jsonl`` (``vllm:`` names, ``slobench:`` per-tier names when scraped)."""
+    server-side ones from ``metrics.jsonl`` (``vllm:`` names, or SGLang's and TRT-LLM's token counter and KV
+    gauge; ``slobench:`` per-tier names when scraped)."""
     out: dict[str, dict[str, tuple[list[float], list[float]]]] = {
         "ttft": {}, "token_rate": {}, "kv_usage": {}, "batch_fill": {}, "rejections": {}}
     width = _bucket(run)
@@ -93,14 +99,16 @@ def health(run: RunData) -> dict[str, dict[str, tuple[list[float], list[float]]]
         for tier, s in _by_tier(m, "slobench:output_tokens_per_second").items():
             out["token_rate"][f"server {tier} tok/s"] = pack(s)
         if not any(k.startswith("server") for k in out["token_rate"]):
-            gen = _series(m, "vllm:generation_tokens").sum(axis=1, min_count=1)
-            if gen.notna().sum() >= 2:
-                out["token_rate"]["server tok/s"] = pack(_rate(gen))
-        kv = _series(m, "vllm:kv_cache_usage_perc")
-        if kv.empty:
-            kv = _series(m, "vllm:gpu_cache_usage_perc")
-        if not kv.empty:
-            out["kv_usage"]["KV usage %"] = pack(kv.max(axis=1) * 100)
+            for name in GENERATION_COUNTERS:  # the first server's counter on the page
+                gen = _series(m, name).sum(axis=1, min_count=1)
+                if gen.notna().sum() >= 2:
+                    out["token_rate"]["server tok/s"] = pack(_rate(gen))
+                    break
+        for name in KV_GAUGES:  # vLLM's (or its older name), SGLang's, TRT-LLM's: the first on the page
+            kv = _series(m, name)
+            if not kv.empty:
+                out["kv_usage"]["KV usage %"] = pack(kv.max(axis=1) * 100)
+                break
         for tier, s in _by_tier(m, "slobench:kv_cache_usage_perc").items():
             out["kv_usage"][f"{tier} %"] = pack(s * 100)
         fill = _by_tier(m, "slobench:batch_fill_ratio")
