@@ -72,6 +72,10 @@ def _target_args(p: argparse.ArgumentParser) -> None:
                    help="the target model's Hugging Face tokenizer folder (tokenizer.json): text prompts of the exact "
                         "intended token length for servers that take only text (default: the server's /tokenize "
                         "when it has one, else approximate lengths, checked against its usage)")
+    p.add_argument("--endpoint", choices=("completions", "chat", "responses"),
+                   help="the API to send every request to: /v1/completions, /v1/chat/completions or the Responses "
+                        "API /v1/responses (default: the scenario's client.endpoint, else by prompt kind: chat "
+                        "messages to chat, the rest to completions)")
     p.add_argument("--no-probe", action="store_true",
                    help="do not probe what the target accepts: send every optional field and token-id prompts "
                         "(a vLLM-like server)")
@@ -193,6 +197,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose /metrics names (and behaviour) to mimic: vllm (the reference engine's, with "
                         "per-request timing; default), sglang, tgi or trtllm (its page at /prometheus/metrics); "
                         "the last three send no per-request timing, as those servers do not")
+
+    p.add_argument("--reasoning-tokens", type=int, default=0, metavar="N",
+                   help="a reasoning model: the first N tokens of each answer are reasoning deltas (chat and "
+                        "/v1/responses; TTFT counts them, TTFOT waits for the answer)")
+    p.add_argument("--reasoning-field", choices=("reasoning_content", "reasoning"), default="reasoning_content",
+                   help="the chat delta's reasoning key (reasoning_content: DeepSeek, older vLLM; reasoning: vLLM)")
+    p.add_argument("--tokens-per-chunk", type=int, default=1, metavar="K",
+                   help="each chunk carries K tokens' text, K x --itl-ms apart; with stream_options."
+                        "continuous_usage_stats every chunk has the cumulative usage (vLLM's)")
+    p.add_argument("--per-request-metrics", action="store_true",
+                   help="vLLM's per-request metrics object (--enable-per-request-metrics) in the final usage chunk, "
+                        "exact from the schedule, instead of the reference engine's timing object")
+    p.add_argument("--no-responses", action="store_true",
+                   help="no POST /v1/responses (a target without the Responses API)")
 
     sub.add_parser("serve", help="run the reference engine's OpenAI-compatible server (see serve --help)",
                    add_help=False)

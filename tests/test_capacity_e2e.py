@@ -144,7 +144,7 @@ def test_capacity_against_the_embedded_engine(tmp_path):
         assert "rated capacity" in r.stdout
     ok = steps[0]
     bd = ok["breakdown"]
-    assert bd["source"] == "timing" and bd["mean_queue_ms"] >= 0 and bd["mean_prefill_ms"] > 0
+    assert bd["source"] == "server timing" and bd["mean_queue_ms"] >= 0 and bd["mean_prefill_ms"] > 0
     assert bd["mean_decode_ms"] > 0
     assert bd["mean_network_ms"] > -1  # client TTFT >= server queue + prefill (the clocks are nested)
     assert ok["kv_usage"] is not None and 0 <= ok["kv_usage"] <= 1

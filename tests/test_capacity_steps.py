@@ -66,10 +66,11 @@ def test_breakdown_from_histogram_deltas_when_the_target_sends_no_timing():
     assert sc["server_running"] == pytest.approx(6) and sc["server_waiting"] == pytest.approx(2)
     window = [rec(first=10.3, server=None) for _ in range(3)]  # client TTFT 300 ms, no server timing
     bd = breakdown(window, hist)
-    assert bd["source"] == "metrics" and bd["mean_network_ms"] == pytest.approx(300 - 133.333 - 50, abs=0.01)
+    assert bd["source"] == "vllm histograms" and bd["mean_network_ms"] == pytest.approx(300 - 133.333 - 50, abs=0.01)
     timed = [rec(first=10.3, server={"queue_ms": 100.0, "prefill_ms": 150.0, "decode_ms": 200.0})]
     bd = breakdown(timed, hist)  # per-request timing wins over the scrape
-    assert bd["source"] == "timing" and bd["mean_network_ms"] == pytest.approx(50) and bd["mean_decode_ms"] == 200
+    assert bd["source"] == "server timing" and bd["source_detail"] == "slobench engine timing object"
+    assert bd["mean_network_ms"] == pytest.approx(50) and bd["mean_decode_ms"] == 200
     assert breakdown(window, {})["source"] is None
     assert scraped_step_metrics([], 0, 1, 2, 3)["kv_usage"] is None
 

@@ -43,7 +43,7 @@ def test_run_against_the_embedded_reference_engine(tmp_path):
         assert ttft_ms + 0.5 >= s["queue_ms"] + s["prefill_ms"], x
         assert (x["done_s"] - x["scheduled_s"]) * 1000 + 0.5 >= s["queue_ms"] + s["prefill_ms"] + s["decode_ms"], x
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["completed"] == 24 and summary["breakdown"]["source"] == "timing"
+    assert summary["completed"] == 24 and summary["breakdown"]["source"] == "server timing"
     assert summary["tiers"]["premium"]["slo_attainment"] is not None
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(any(k.startswith("vllm:") for k in m.get("metrics", {})) for m in metrics)

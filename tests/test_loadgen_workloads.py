@@ -117,7 +117,7 @@ def test_summary_formulas_match_the_design():
     assert s["request_goodput"] == pytest.approx(1 / 2.001)  # only r0 has TTFT <= 200
     assert s["total_output_tokens"] == 5 and s["output_throughput"] == pytest.approx(5 / 2.001)
     assert s["tiers"]["standard"]["slo_attainment"] == pytest.approx(0.5)  # the 429 counts as a miss
-    assert s["breakdown"]["source"] == "timing" and s["breakdown"]["mean_queue_ms"] == pytest.approx(10)
+    assert s["breakdown"]["source"] == "server timing" and s["breakdown"]["mean_queue_ms"] == pytest.approx(10)
     assert s["client_lateness"]["max_ms"] == pytest.approx(20) and s["valid"] is False
     assert "lateness" in s["invalid_reason"]
 
@@ -128,7 +128,8 @@ def test_breakdown_from_scraped_histogram_deltas():
     m = [{"t": 0, "metrics": {f"{h}_sum": 1.0, f"{h}_count": 10}},
          {"t": 5, "metrics": {f"{h}_sum": 3.0, f"{h}_count": 30}}]
     s = summarize(recs, metrics=m)
-    assert s["breakdown"] == {"source": "metrics", "requests": 20, "mean_queue_ms": pytest.approx(100.0),
+    assert "vllm:request_queue_time_seconds" in s["breakdown"].pop("source_detail")  # where it came from
+    assert s["breakdown"] == {"source": "vllm histograms", "requests": 20, "mean_queue_ms": pytest.approx(100.0),
                               "mean_prefill_ms": None, "mean_network_ms": None, "mean_decode_ms": None,
                               "mean_ttft_ms": pytest.approx(100.0)}
 

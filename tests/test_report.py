@@ -237,7 +237,7 @@ def test_capacity_with_records_but_no_step_breakdown(tmp_path):
         st.pop("breakdown")
     write_run(run, [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()], s, None)
     steps = d.steps(d.load_run(run))
-    assert all(st["breakdown"]["source"] == "timing" and st["breakdown"]["mean_network_ms"] >= 0 for st in steps)
+    assert all(st["breakdown"]["source"] == "server timing" and st["breakdown"]["mean_network_ms"] >= 0 for st in steps)
 
 
 @pytest.mark.slow

@@ -116,7 +116,7 @@ def make_capacity_run(path: Path, *, knee: float = 8.0, scale: float = 1.0, erro
         steps.append({"index": idx, "load": load, "phase": phase, "passed": passed, "stopped_early": load >= 16,
                       "duration_s": step_dur, "requests": n, "tiers": tiers,
                       "breakdown": {"mean_queue_ms": 20.0 * load, "mean_prefill_ms": 30.0, "mean_network_ms": 2.0,
-                                    "mean_decode_ms": 140.0, "source": "timing"},
+                                    "mean_decode_ms": 140.0, "source": "server timing"},
                       "kv_usage": 0.05 * load, "batch_fill_ratio": min(1.0, load / 16), "admission_rejections":
                       0 if load < 16 else 5, "summary": s})
         t0 += step_dur + 0.5

@@ -19,6 +19,8 @@ BEFORE = json.loads((REPO / "tests" / "fixtures" / "smoke-seed7-before-layout.js
 ADDED = {"breakdown.mean_network_ms", "breakdown.p50_network_ms", "breakdown.p99_network_ms",
          "breakdown.mean_ttft_ms", "prompt_length", "scrape", "target_probe", "request_fit"}
 ADDED_PREFIXES = ("prompt_length.", "scrape.", "target_probe.", "request_fit.")
+ADDED |= {"breakdown.source_detail"}  # where the breakdown came from (server semantics)
+ADDED_METRICS = ("ttfot", "chunk_gap")  # TTFOT and chunk gaps, overall and per tier (server semantics)
 ADDED_RECORD_FIELDS = {"prompt_tokens_intended", "first_output_s", "reasoning_tokens", "chunk_tokens",
                        "cached_tokens", "conversation", "turn", "cancel_reason"}
 TIME = {"scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "server", "first_output_s"}
@@ -41,7 +43,8 @@ def test_fixed_seed_smoke_run_gives_the_same_summary_keys_and_records(tmp_path):
                  "--no-progress", "--no-report", timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
-    now_keys = {k for k in keys(summary) if k not in ADDED and not k.startswith(ADDED_PREFIXES)}
+    now_keys = {k for k in keys(summary) if k not in ADDED and not k.startswith(ADDED_PREFIXES)
+                and not any(f"_{m}_ms" in k for m in ADDED_METRICS)}
     assert now_keys == set(BEFORE["summary_keys"])
     assert summary["prompt_length"]["flagged"] is False and summary["prompt_length"]["mean_abs_drift"] == 0
     recs = [json.loads(line) for line in (tmp_path / "smoke" / "requests.jsonl").read_text().splitlines()]

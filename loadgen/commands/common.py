@@ -44,10 +44,12 @@ def pick(cli_value, default):
 
 def target_options(args: argparse.Namespace, scenario=None):
     """How to fit the requests to the target: ``--no-probe``, ``--tokenizer DIR``, and the fields the
-    scenario asked for explicitly (``workload.ignore_eos: true``, ``client.send_tier``)."""
+    scenario asked for explicitly (``workload.ignore_eos: true``, ``client.send_tier``), and the endpoint
+    (``--endpoint``, else the scenario's ``client.endpoint``)."""
     from loadgen.target.prepare import TargetOptions
 
     return TargetOptions(probe=not getattr(args, "no_probe", False), tokenizer_dir=getattr(args, "tokenizer", None),
                          explicit=set(scenario.explicit_fields) if scenario is not None else set(),
-                         send_tier=scenario.send_tier if scenario is not None else None)
+                         send_tier=scenario.send_tier if scenario is not None else None,
+                         endpoint=pick(getattr(args, "endpoint", None), getattr(scenario, "endpoint", None)))
 

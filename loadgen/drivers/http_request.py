@@ -25,22 +25,31 @@ class ClientConfig:
 
 
 def build_body(spec: RequestSpec, cfg: ClientConfig, model: str) -> tuple[str, bytes]:
-    """The endpoint path and JSON body for one request."""
+    """The endpoint path and JSON body for one request: ``/v1/completions`` or ``/v1/chat/completions``
+    by the prompt's kind (every prompt to chat with ``shape.chat``), or the Responses API
+    (``shape.endpoint == "responses"``: ``input`` is the text or the messages, ``max_output_tokens``)."""
     shape = cfg.shape
-    body: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "stream": True}
-    if shape.include_usage:
-        body["stream_options"] = {"include_usage": True}
+    if shape.endpoint == "responses":
+        path = "/v1/responses"
+        prompt = spec.prompt if spec.kind == "chat" else spec.prompt_value()
+        body: dict[str, Any] = {"model": model, "input": prompt, "max_output_tokens": spec.max_tokens, "stream": True}
+    else:
+        body = {"model": model, "max_tokens": spec.max_tokens, "stream": True}
+        if shape.continuous_usage:
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        elif shape.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        if spec.kind == "chat" or shape.endpoint == "chat":
+            path = "/v1/chat/completions"
+            chat = spec.kind == "chat"
+            body["messages"] = spec.prompt if chat else [{"role": "user", "content": spec.prompt_value()}]
+        else:
+            path = "/v1/completions"
+            body["prompt"] = spec.prompt_value()
     if spec.ignore_eos and shape.ignore_eos:
         body["ignore_eos"] = True
     if shape.service_tier and spec.tier:
         body["service_tier"] = spec.tier
-    if spec.kind == "chat":
-        path = "/v1/chat/completions"
-        body["messages"] = spec.prompt
-    else:
-        path = "/v1/completions"
-        body["prompt"] = spec.prompt_value()
     if cfg.extra_body:
         body.update(cfg.extra_body)
     return path, json.dumps(body, separators=(",", ":")).encode()
-

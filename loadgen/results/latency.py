@@ -4,11 +4,15 @@ The summary, the capacity search, the report, the gate and the Locust driver all
 so they can never disagree about the same records. A record is a :class:`RequestRecord` or its JSON
 dict (``requests.jsonl``); times are seconds on the run's clock, latencies milliseconds.
 
-- **TTFT** = first non-empty content chunk − scheduled send (never the actual send: no coordinated
-  omission). **E2EL** = last content chunk − scheduled send. **TPOT** = (E2EL − TTFT) / (output
-  tokens − 1), for answers of more than one token. **ITL** = every gap between content chunks.
-  **Lateness** = actual send − scheduled send (the client's own delay). These are the formulas and
-  JSON key names of vLLM's benchmark.
+- **TTFT** = first token of any kind (reasoning or answer) − scheduled send (never the actual send: no
+  coordinated omission). **TTFOT** = first answer (content) token − scheduled send: a reasoning model
+  thinks first, so TTFOT − TTFT is its thinking time (equal for other models). **E2EL** = last token
+  chunk − scheduled send. **TPOT** = (E2EL − TTFT) / (output tokens − 1), for answers of more than one
+  token. **ITL** is per token: the gap before a chunk shared over the k tokens it carried, k equal
+  samples (``chunk_tokens``, from usage deltas; one each without them), as SGLang's benchmark counts
+  it; **chunk gaps** are the raw gaps between token chunks, reported apart. **Lateness** = actual send
+  − scheduled send (the client's own delay). These are the formulas and JSON key names of vLLM's
+  benchmark.
 - **Summary statistics** (``describe``) use successful requests only, as vLLM does, and exact
   quantiles of the raw samples with linear interpolation (numpy's default, vLLM's too).
 - **SLO values** (``slo_value``) are judged on *every* request: one that failed (429, error, read
@@ -18,7 +22,8 @@ dict (``requests.jsonl``); times are seconds on the run's clock, latencies milli
   request the workload cancels on purpose (its cancellation mix: a user closing the tab) is no sample
   of any latency SLO: it is counted apart, with its reason.
 - **Breakdown**: TTFT = queue + prefill + the rest (network and front end), and decode time, from the
-  target's per-request timing when it sends one, else from its histograms' deltas over the run.
+  target's per-request timing when it sends one (vLLM's ``metrics`` object, slobench's ``timing``), else
+  from its histograms' deltas over the run; ``source`` and ``source_detail`` say which.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-SLO_METRICS = ("ttft_ms", "tpot_ms", "e2el_ms")
+SLO_METRICS = ("ttft_ms", "ttfot_ms", "tpot_ms", "e2el_ms")
 # a run whose p99 client lateness exceeds this did not keep its schedule: it is marked invalid
 LATENESS_BOUND_MS = 10.0
 BREAKDOWN_PARTS = ("queue", "prefill", "network", "decode")
@@ -43,21 +48,40 @@ def _get(r: Any, name: str) -> Any:
 
 
 def ttft_ms(r: Any) -> float | None:
-    """Time to the first content token, when one arrived."""
+    """Time to the first token of any kind (reasoning or answer), when one arrived."""
     first = _get(r, "first_token_s")
     return None if first is None else (first - _get(r, "scheduled_s")) * 1000.0
 
 
+def ttfot_ms(r: Any) -> float | None:
+    """Time to the first output (answer, content) token, when one arrived. A record of an older slobench,
+    which had no ``first_output_s``, counted content only: its first token is its first output token."""
+    has = ("first_output_s" in r) if isinstance(r, Mapping) else hasattr(r, "first_output_s")
+    first = _get(r, "first_output_s") if has else _get(r, "first_token_s")
+    return None if first is None else (first - _get(r, "scheduled_s")) * 1000.0
+
+
 def e2el_ms(r: Any) -> float | None:
-    """Time to the last content token, when any arrived."""
+    """Time to the last token, when any arrived."""
     ts = _get(r, "token_s")
     return (ts[-1] - _get(r, "scheduled_s")) * 1000.0 if ts else None
 
 
+def _chunk_tokens(r: Any) -> list[int] | None:
+    """Tokens per chunk of ``token_s`` when the server's usage deltas said (None: one each)."""
+    ks = r.get("chunk_tokens") if isinstance(r, Mapping) else getattr(r, "chunk_tokens", None)
+    if ks is None or isinstance(ks, float) or len(ks) != len(_get(r, "token_s") or ()):
+        return None
+    return [int(k) for k in ks]
+
+
 def output_tokens(r: Any) -> int:
-    """The server's count (usage) when it sent one, else one token per content chunk."""
+    """The server's count (usage) when it sent one, else the chunks' tokens (one per chunk without usage)."""
     n = _get(r, "output_tokens")
-    return int(n) if n is not None and not (isinstance(n, float) and math.isnan(n)) else len(_get(r, "token_s") or ())
+    if n is not None and not (isinstance(n, float) and math.isnan(n)):
+        return int(n)
+    ks = _chunk_tokens(r)
+    return sum(ks) if ks is not None else len(_get(r, "token_s") or ())
 
 
 def tpot_ms(r: Any) -> float | None:
@@ -69,10 +93,24 @@ def tpot_ms(r: Any) -> float | None:
     return (last - first) / (n - 1)
 
 
-def itl_ms(r: Any) -> list[float]:
-    """Every gap between consecutive content chunks."""
+def chunk_gap_ms(r: Any) -> list[float]:
+    """Every gap between consecutive token chunks."""
     ts = _get(r, "token_s") or ()
     return [(b - a) * 1000.0 for a, b in zip(ts, ts[1:], strict=False)]
+
+
+def itl_ms(r: Any) -> list[float]:
+    """Per-token inter-token latencies: each chunk gap shared over the k tokens of the chunk it ends, k
+    equal samples (``chunk_tokens``); one sample per gap when the tokens per chunk are not known. The
+    extra tokens of the first chunk have no gap: they came with the first token."""
+    gaps = chunk_gap_ms(r)
+    ks = _chunk_tokens(r)
+    if ks is None:
+        return gaps
+    out: list[float] = []
+    for g, k in zip(gaps, ks[1:], strict=True):
+        out.extend([g / k] * k if k > 1 else [g])
+    return out
 
 
 def lateness_ms(r: Any) -> float | None:
@@ -109,8 +147,8 @@ def slo_value(r: Any, metric: str, now_s: float | None = None) -> float:
     end = now_s if pending else done
     cut = pending or _get(r, "status") == "cancelled"
     waited = (end - sched) * 1000.0 if cut and end is not None else math.inf
-    if metric == "ttft_ms":
-        v = ttft_ms(r)
+    if metric in ("ttft_ms", "ttfot_ms"):
+        v = ttft_ms(r) if metric == "ttft_ms" else ttfot_ms(r)
         return v if v is not None else waited
     if metric == "e2el_ms":
         v = e2el_ms(r)
@@ -185,26 +223,39 @@ def percentile(values: Iterable[float] | np.ndarray, p: float) -> float | None:
 
 
 def pooled_itl_ms(records: Iterable[Any]) -> np.ndarray:
-    """Every inter-token gap of the given (successful) requests, pooled."""
+    """Every per-token inter-token latency of the given (successful) requests, pooled."""
     gaps = [g for r in records for g in itl_ms(r)]
+    return np.asarray(gaps, dtype=float)
+
+
+def pooled_chunk_gap_ms(records: Iterable[Any]) -> np.ndarray:
+    """Every gap between token chunks of the given (successful) requests, pooled."""
+    gaps = [g for r in records for g in chunk_gap_ms(r)]
     return np.asarray(gaps, dtype=float)
 
 
 # ------------------------------------------------------------------ where TTFT goes
 
 
-def breakdown(records: Sequence[Any], histogram_means: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+# where a breakdown came from: the record's server["source"] -> the breakdown's source_detail
+SERVER_SOURCES = {"vllm metrics": "vLLM per-request metrics object (--enable-per-request-metrics)",
+                  "slobench timing": "slobench engine timing object"}
+
+
+def breakdown(records: Sequence[Any], histogram_means: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The queue / prefill / network / decode split of the successful requests, in ms.
 
-    From per-request server timing (``server`` = ``{queue_ms, prefill_ms, decode_ms}``) when the target
-    sends it: means, medians and p99s, with network = TTFT − queue − prefill per request. Otherwise from
-    ``histogram_means`` (the target's histogram deltas over the run, ``{queue_ms, prefill_ms, decode_ms,
-    requests}``): means only, network = mean TTFT − mean queue − mean prefill. ``source`` says which
-    ("timing" | "metrics" | None)."""
+    From per-request server timing (``server`` = ``{queue_ms, prefill_ms, decode_ms, source}``) when the
+    target sends it: means, medians and p99s, with network = TTFT − queue − prefill per request. Otherwise
+    from ``histogram_means`` (the target's histogram deltas over the run, ``{queue_ms, prefill_ms,
+    decode_ms, requests}``, and ``source``, e.g. "sglang histograms", when the caller knows it): means
+    only, network = mean TTFT − mean queue − mean prefill. ``source`` says which ("server timing" | the
+    histograms' source, "vllm histograms" by default | None); ``source_detail`` says exactly where from."""
     ok = [r for r in records if succeeded(r) and ttft_ms(r) is not None]
     timed = [r for r in ok if isinstance(_get(r, "server"), Mapping) and "queue_ms" in _get(r, "server")
              and "prefill_ms" in _get(r, "server")]
-    out: dict[str, Any] = {"source": None, "requests": 0, **{f"mean_{part}_ms": None for part in BREAKDOWN_PARTS}}
+    out: dict[str, Any] = {"source": None, "source_detail": None, "requests": 0,
+                           **{f"mean_{part}_ms": None for part in BREAKDOWN_PARTS}}
     ttfts = [ttft_ms(r) for r in ok]
     if timed:
         parts = {
@@ -213,7 +264,9 @@ def breakdown(records: Sequence[Any], histogram_means: Mapping[str, float | None
             "network": [ttft_ms(r) - _get(r, "server")["queue_ms"] - _get(r, "server")["prefill_ms"] for r in timed],
             "decode": [float(_get(r, "server")["decode_ms"]) for r in timed if "decode_ms" in _get(r, "server")],
         }
-        out.update(source="timing", requests=len(timed))
+        kinds = sorted({str(_get(r, "server").get("source") or "slobench timing") for r in timed})
+        detail = "; ".join(SERVER_SOURCES.get(k, k) for k in kinds)
+        out.update(source="server timing", source_detail=detail, requests=len(timed))
         for part, vals in parts.items():
             out[f"mean_{part}_ms"] = float(np.mean(vals)) if vals else None
             out[f"p50_{part}_ms"] = percentile(vals, 50)
@@ -222,8 +275,11 @@ def breakdown(records: Sequence[Any], histogram_means: Mapping[str, float | None
         q, p = histogram_means.get("queue_ms"), histogram_means.get("prefill_ms")
         mean_ttft = float(np.mean(ttfts)) if ttfts else None
         known = mean_ttft is not None and q is not None and p is not None
-        out.update(source="metrics", requests=histogram_means.get("requests"), mean_queue_ms=q, mean_prefill_ms=p,
-                   mean_network_ms=mean_ttft - q - p if known else None,
+        source = histogram_means.get("source") or "vllm histograms"
+        detail = histogram_means.get("source_detail") or (
+            f"the target's /metrics histogram deltas over the run ({source})")
+        out.update(source=source, source_detail=detail, requests=histogram_means.get("requests"),
+                   mean_queue_ms=q, mean_prefill_ms=p, mean_network_ms=mean_ttft - q - p if known else None,
                    mean_decode_ms=histogram_means.get("decode_ms"))
     out["mean_ttft_ms"] = float(np.mean(ttfts)) if ttfts else None
     return out

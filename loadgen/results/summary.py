@@ -17,8 +17,8 @@ from loadgen.results import latency
 from loadgen.results.conversation_stats import cancellations_section, conversations_section
 from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
 
-METRICS = ("ttft", "tpot", "itl", "e2el")
-SLO_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2el_ms"}
+METRICS = ("ttft", "ttfot", "tpot", "itl", "chunk_gap", "e2el")
+SLO_KEYS = {"ttft": "ttft_ms", "ttfot": "ttfot_ms", "tpot": "tpot_ms", "e2el": "e2el_ms"}
 
 
 def parse_goodput(items: Iterable[str]) -> dict[str, float]:
@@ -55,6 +55,7 @@ def request_frame(records: list[Mapping[str, Any]]) -> pd.DataFrame:
         return [(v if (v := fn(r)) is not None and good else nan) for r, good in zip(records, ok, strict=True)]
 
     df["ttft_ms"] = col(latency.ttft_ms)
+    df["ttfot_ms"] = col(latency.ttfot_ms)
     df["e2el_ms"] = col(latency.e2el_ms)
     df["tpot_ms"] = col(latency.tpot_ms)
     df["lateness_ms"] = [nan if (v := latency.lateness_ms(r)) is None else v for r in records]
@@ -67,7 +68,8 @@ def meets(df: pd.DataFrame, slo: Mapping[str, float]) -> pd.Series:
 
 
 def _rows(df: pd.DataFrame) -> list[dict[str, Any]]:
-    cols = [c for c in ("scheduled_s", "first_token_s", "token_s", "done_s", "output_tokens", "status") if c in df]
+    cols = [c for c in ("scheduled_s", "first_token_s", "first_output_s", "token_s", "chunk_tokens", "done_s",
+                        "output_tokens", "status") if c in df]
     return df[cols].to_dict("records")
 
 
@@ -112,10 +114,15 @@ def summarize(
         out["request_goodput"] = good / duration if duration > 0 else None
         out["goodput_slo"] = dict(goodput)
         out["goodput_fraction"] = good / max(1, int((~cancelled).sum()))
-    for name in ("ttft", "tpot", "e2el"):
+    for name in ("ttft", "ttfot", "tpot", "e2el"):
         latency.describe(name, okd[f"{name}_ms"], percentiles, out)
     ok_records = [r for r in records if latency.succeeded(r)]
-    latency.describe("itl", latency.pooled_itl_ms(ok_records), percentiles, out)
+    latency.describe("itl", latency.pooled_itl_ms(ok_records), percentiles, out)  # per token
+    latency.describe("chunk_gap", latency.pooled_chunk_gap_ms(ok_records), percentiles, out)  # per chunk
+    if "reasoning_tokens" in okd and okd["reasoning_tokens"].notna().any():  # a reasoning model: its two counts
+        n_think = float(pd.to_numeric(okd["reasoning_tokens"], errors="coerce").fillna(0).sum())
+        out["total_reasoning_tokens"] = int(n_think)
+        out["total_answer_tokens"] = int(n_out - n_think)
 
     errs = df.loc[~ok, "status"].value_counts()
     out["errors"] = {str(k): int(v) for k, v in errs.items()}
@@ -160,6 +167,7 @@ def _tiers(df: pd.DataFrame, tier_slos: Mapping[str, Mapping[str, float]], perce
         ok = g["status"] == "ok"
         entry: dict[str, Any] = {"requests": len(g), "completed": int(ok.sum())}
         latency.describe("ttft", g.loc[ok, "ttft_ms"], percentiles, entry)
+        latency.describe("ttfot", g.loc[ok, "ttfot_ms"], percentiles, entry)
         slo = tier_slos.get(str(tier))
         if slo:
             met = int(meets(g, slo).sum())

@@ -22,7 +22,8 @@ tiers:                     # weight and SLOs (ms) per service tier
   standard: {weight: 3, slo: {ttft_ms: 800}}
 load: {arrival: poisson, rate: 4, requests: 40, duration_s: 30}   # arrival: poisson|gamma|constant|closed
 goodput: {ttft_ms: 800}
-client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10, send_tier: null}
+client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10, send_tier: null,
+         endpoint: null}  # endpoint: completions | chat | responses (null: by prompt kind, as the target takes)
 search:                    # for ``slobench capacity`` (see loadgen/capacity/)
   axis: rate               # rate (req/s, open loop with load.arrival) | concurrency (users, closed loop)
   start: 2                 # first load of the ramp
@@ -53,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.results.latency import LATENESS_BOUND_MS
+from loadgen.results.latency import LATENESS_BOUND_MS, SLO_METRICS
 from loadgen.results.slo import SLO
 from loadgen.scenario.options import SearchConfig, StepOptions
 from loadgen.workload.arrivals import Arrivals
@@ -62,7 +63,8 @@ from loadgen.workload.specs import CancelMix, RequestSpec
 from loadgen.workload.synthetic import SyntheticWorkload
 from loadgen.workload.traces import TraceError, TraceInfo, TraceOptions
 
-SLO_NAMES = ("ttft_ms", "tpot_ms", "e2el_ms")
+ENDPOINTS = ("completions", "chat", "responses")  # client.endpoint, --endpoint
+SLO_NAMES = SLO_METRICS  # ttft_ms, ttfot_ms, tpot_ms, e2el_ms: what latency.slo_value judges
 # service_tier values: the reference engine's, and OpenAI's that map onto them
 TIER_NAMES = ("premium", "standard", "basic", "priority", "default", "auto", "flex")
 
@@ -100,6 +102,7 @@ class Scenario:
     headroom: float = 0.2
     shaping: TraceShaping = field(default_factory=TraceShaping)  # trace workloads: length scaling, caps, ties
     send_tier: bool | None = None  # client.send_tier: None sends tiers when the target accepts service_tier
+    endpoint: str | None = None  # client.endpoint: completions | chat | responses; None: by prompt kind
     explicit_fields: set[str] = field(default_factory=set)  # request fields asked for explicitly (errors if rejected)
     cancel: CancelMix | None = None  # workload.cancel: the client cancellation mix
 

@@ -13,7 +13,7 @@ import yaml
 
 from loadgen.results.latency import LATENESS_BOUND_MS
 from loadgen.scenario.engine_options import parse_engine_options
-from loadgen.scenario.model import SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
+from loadgen.scenario.model import ENDPOINTS, SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
 from loadgen.scenario.options import AXES, SearchConfig, StepOptions
 from loadgen.scenario.schema import MappingNode
 from loadgen.workload.arrivals import KINDS as ARRIVAL_KINDS
@@ -350,6 +350,7 @@ def _parse_client(c: MappingNode, s: Scenario) -> None:
     s.send_tier = c.get("send_tier", (bool, type(None)), None)
     if s.send_tier:
         s.explicit_fields.add("service_tier")
+    s.endpoint = c.get("endpoint", (str, type(None)), None, choices=(*ENDPOINTS, None))
     c.check_unknown()
 
 

@@ -34,6 +34,7 @@ class TargetOptions:
     api_key: str | None = None
     explicit: set[str] = field(default_factory=set)  # fields asked for explicitly: an error when rejected
     send_tier: bool | None = None  # False: never send tiers; None: when accepted
+    endpoint: str | None = None  # completions | chat | responses (--endpoint, client.endpoint); None: by prompt kind
 
 
 @dataclass
@@ -70,7 +71,8 @@ def prepare_target(target: str, model: str | None, specs: list[RequestSpec], opt
     tokenizer = load_tokenizer(opts.tokenizer_dir) if opts.tokenizer_dir else None  # a bad folder fails first
     real_history = any(s.follow_up for s in specs)  # token ids cannot carry the server's reply: text or chat
     if not opts.probe:
-        shape = RequestShape(service_tier=opts.send_tier is not False)
+        shape = RequestShape(service_tier=opts.send_tier is not False, endpoint=opts.endpoint,
+                             chat=opts.endpoint == "chat")
         prepared = PreparedTarget(model, TargetFit(shape, notes=["the target was not probed (--no-probe): every "
                                                                  "optional field and token-id prompts are sent"]))
         if real_history:
@@ -79,9 +81,9 @@ def prepare_target(target: str, model: str | None, specs: list[RequestSpec], opt
                                          else "none: about one token per word")
             prepared.warnings.append(HISTORY_NOTE.format(kind="text"))
         return prepared
-    caps = asyncio.run(probe(target, model, opts.api_key))
+    caps = asyncio.run(probe(target, model, opts.api_key, endpoint=opts.endpoint))
     fit = fit_request_shape(caps, explicit=opts.explicit, uses_tiers=any(s.tier for s in specs),
-                            token_prompts=any(s.kind == "tokens" for s in specs))
+                            token_prompts=any(s.kind == "tokens" for s in specs), endpoint=opts.endpoint)
     if opts.send_tier is False:
         fit.shape.service_tier = False
     prepared = PreparedTarget(model, fit, caps)
@@ -112,7 +114,8 @@ def _text_source(prepared: PreparedTarget, target: str, tokenizer: Tokenizer | N
         prepared.warnings.append("no tokenizer for the target's model (pass --tokenizer DIR): prompt lengths are "
                                  "approximate, about one token per word; the server's usage counts are the real "
                                  "ones (summary: prompt_length)")
-    endpoint = "chat" if prepared.shape.chat else "completions"
+    endpoint = "responses" if prepared.shape.endpoint == "responses" else "chat" if prepared.shape.chat \
+        else "completions"
     counted = caps.probe_prompt_tokens.get(endpoint)
     if counted is not None and not isinstance(tokenizer, WordTokenizer):
         # what the server adds to every prompt (a BOS, the chat template): the texts are that much shorter

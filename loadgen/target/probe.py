@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from loadgen.target.discovery import error_text
-from loadgen.target.sse import SSEParser, StreamError, decode_chunk
+from loadgen.target.sse import SSEParser, StreamError, chunk_parts, chunk_usage, decode_chunk
 
 PROBE_TEXT = "Hello there, how are you today?"
 PROBE_TOKEN_IDS = [10, 20, 30, 40]  # inside every vocabulary slobench targets (see workload.specs)
@@ -34,6 +34,7 @@ FIELDS: dict[str, dict[str, Any]] = {
 }
 METRIC_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "tgi_": "tgi", "slobench:": "slobench",
                    "trtllm_": "trtllm"}
+ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "responses": "/v1/responses"}
 TIMEOUT_S = 60.0  # the first request may wait for a model that loads on first use
 
 
@@ -66,6 +67,7 @@ class Capabilities:
     version: str | None = None
     completions: bool = False  # /v1/completions answers a text prompt
     chat: bool = False  # /v1/chat/completions answers
+    responses: bool | None = None  # /v1/responses answers a streamed text input (None: not probed, not asked for)
     token_prompts: bool = False  # /v1/completions takes token ids
     fields: dict[str, bool] = field(default_factory=dict)  # FIELDS name -> accepted (HTTP 200)
     rejections: dict[str, str] = field(default_factory=dict)  # FIELDS name (or "token_prompts") -> the error
@@ -79,6 +81,9 @@ class Capabilities:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def has_endpoint(self, endpoint: str) -> bool:
+        return bool({"completions": self.completions, "chat": self.chat, "responses": self.responses}[endpoint])
 
     def accepts(self, name: str) -> bool:
         return bool(self.fields.get(name))
@@ -135,14 +140,12 @@ def _read_stream(raw: bytes) -> Reply:
             obj = decode_chunk(ev.data)
             if obj is None:
                 continue
-            choices = obj.get("choices") or []
-            c = choices[0] if choices else {}
-            text = c.get("text") or (c.get("delta") or {}).get("content") or ""
-            if text:
+            text, reasoning = chunk_parts(obj)
+            if text or reasoning:
                 rep.text += text
                 rep.content_chunks += 1
-            if obj.get("usage"):
-                rep.usage = obj["usage"]
+            if usage := chunk_usage(obj):
+                rep.usage = usage
                 rep.usage_chunks += 1
             rep.timing = rep.timing or isinstance(obj.get("timing"), dict)
             rep.metrics = rep.metrics or isinstance(obj.get("metrics"), dict)
@@ -159,9 +162,10 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int | None, by
         return None, b""
 
 
-async def probe(target: str, model: str, api_key: str | None = None) -> Capabilities:
-    """Probe ``target`` (its base URL) serving ``model``. Raises ProbeError when neither completions
-    endpoint answers a plain text request."""
+async def probe(target: str, model: str, api_key: str | None = None, endpoint: str | None = None) -> Capabilities:
+    """Probe ``target`` (its base URL) serving ``model``; ``endpoint`` is the one the run must use
+    (completions | chat | responses), None for either completions endpoint. Raises ProbeError when that
+    endpoint (or, with None, neither completions endpoint) answers a plain text request."""
     target = target.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with aiohttp.ClientSession(headers=headers) as s:
@@ -173,15 +177,32 @@ async def probe(target: str, model: str, api_key: str | None = None) -> Capabili
         comp = await _post(s, target + "/v1/completions", base)
         chat_rep = await _post(s, target + "/v1/chat/completions", chat)
         caps.completions, caps.chat = comp.ok, chat_rep.ok
-        if not (comp.ok or chat_rep.ok):
+        resp = {"model": model, "input": PROBE_TEXT, "max_output_tokens": 2, "stream": True}
+        resp_rep = await _post(s, target + "/v1/responses", resp) if endpoint == "responses" else None
+        if resp_rep is not None:
+            caps.responses = resp_rep.ok
+            if not resp_rep.ok:
+                raise ProbeError(f"{target} does not answer the Responses API (POST /v1/responses: {resp_rep.error}) "
+                                 f"for model {model!r}; use --endpoint completions or chat")
+            if isinstance(resp_rep.usage, dict) and isinstance(resp_rep.usage.get("prompt_tokens"), int):
+                caps.probe_prompt_tokens["responses"] = resp_rep.usage["prompt_tokens"]
+        for name, rep in (("completions", comp), ("chat", chat_rep)):
+            if endpoint == name and not rep.ok:
+                raise ProbeError(f"{target} does not answer {ENDPOINT_PATHS[name]} ({rep.error}) for model {model!r}")
+        if not (comp.ok or chat_rep.ok or caps.responses):
             raise ProbeError(f"{target} answers neither /v1/completions ({comp.error}) nor /v1/chat/completions "
                              f"({chat_rep.error}) for model {model!r}")
-        url, body = (target + "/v1/completions", base) if comp.ok else (target + "/v1/chat/completions", chat)
-        names = list(FIELDS)
+        if resp_rep is not None:
+            url, body = target + "/v1/responses", resp
+        elif comp.ok and endpoint != "chat":
+            url, body = target + "/v1/completions", base
+        else:
+            url, body = target + "/v1/chat/completions", chat
+        names = [n for n in FIELDS if resp_rep is None or "usage" not in n]  # Responses: usage comes anyway
         tries = [_post(s, url, {**body, **FIELDS[n]}) for n in names]
         if comp.ok:
-            names.append("token_prompts")
-            tries.append(_post(s, url, {**base, "prompt": PROBE_TOKEN_IDS}))
+            names.append("token_prompts")  # always on /v1/completions: the only endpoint that takes token ids
+            tries.append(_post(s, target + "/v1/completions", {**base, "prompt": PROBE_TOKEN_IDS}))
         usage_tries = [_post(s, u, {**b, "stream": False}) for u, b, ok in
                        ((target + "/v1/completions", base, comp.ok), (target + "/v1/chat/completions", chat,
                                                                        chat_rep.ok)) if ok]
@@ -202,7 +223,9 @@ async def probe(target: str, model: str, api_key: str | None = None) -> Capabili
             if rep.ok and isinstance(rep.usage, dict) and isinstance(rep.usage.get("prompt_tokens"), int):
                 caps.probe_prompt_tokens[endpoint] = rep.usage["prompt_tokens"]
             caps.per_request_metrics = caps.per_request_metrics or rep.metrics
-        first = comp if comp.ok else chat_rep
+        first = resp_rep if resp_rep is not None else comp if comp.ok else chat_rep
+        if resp_rep is not None:
+            caps.usage_in_stream = resp_rep.usage is not None
         caps.server_timing = first.timing or any(r.timing for r in replies)
         caps.per_request_metrics = caps.per_request_metrics or first.metrics or any(r.metrics for r in replies)
         await _identify(s, target, model, caps)

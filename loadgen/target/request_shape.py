@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from loadgen.target.probe import Capabilities
+from loadgen.target.probe import ENDPOINT_PATHS, Capabilities
 
 
 class TargetFitError(ValueError):
@@ -28,6 +28,8 @@ class RequestShape:
     service_tier: bool = True  # send a spec's tier as service_tier
     text_prompts: bool = False  # token-id prompts become text before they are sent (strict servers)
     chat: bool = False  # every prompt goes to /v1/chat/completions (a target without /v1/completions)
+    endpoint: str | None = None  # completions | chat | responses, as asked (--endpoint); None: by prompt kind
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk (tokens per chunk)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,11 +46,14 @@ class TargetFit:
 
 
 def fit_request_shape(caps: Capabilities, *, explicit: Iterable[str] = (), uses_tiers: bool = True,
-                      token_prompts: bool = True) -> TargetFit:
+                      token_prompts: bool = True, endpoint: str | None = None) -> TargetFit:
     """The request shape for a workload against a target: ``explicit`` names the fields the user asked
     for (errors when rejected); ``uses_tiers`` / ``token_prompts`` say whether the workload has tiers and
-    token-id prompts at all (nothing to drop otherwise)."""
+    token-id prompts at all (nothing to drop otherwise); ``endpoint`` is the one asked for (``--endpoint``,
+    ``client.endpoint``), None for the default: by prompt kind."""
     explicit = set(explicit)
+    if endpoint is not None and not caps.has_endpoint(endpoint):
+        raise TargetFitError(f"--endpoint {endpoint}: the target does not answer {ENDPOINT_PATHS[endpoint]}")
     for name in sorted(explicit):
         if name == "service_tier" and not caps.accepts("service_tier"):
             raise TargetFitError(f"client.send_tier: the target rejects service_tier "
@@ -57,16 +62,27 @@ def fit_request_shape(caps: Capabilities, *, explicit: Iterable[str] = (), uses_
             raise TargetFitError(f"workload.ignore_eos: the target rejects ignore_eos "
                                  f"({caps.rejections.get('ignore_eos', 'not accepted')}); set ignore_eos: false "
                                  "to let it stop at its end-of-sequence token")
+    responses = endpoint == "responses"
     shape = RequestShape(ignore_eos=caps.accepts("ignore_eos"), include_usage=caps.accepts("include_usage"),
-                         service_tier=caps.accepts("service_tier"), chat=not caps.completions,
-                         text_prompts=not caps.token_prompts)
+                         service_tier=caps.accepts("service_tier"),
+                         chat=endpoint == "chat" or (endpoint is None and not caps.completions),
+                         text_prompts=responses or not caps.token_prompts, endpoint=endpoint,
+                         continuous_usage=not responses and caps.continuous_usage)
     dropped = [name for name, sent, needed in (("ignore_eos", shape.ignore_eos, True),
-                                               ("include_usage", shape.include_usage, True),
+                                               ("include_usage", shape.include_usage, not responses),
                                                ("service_tier", shape.service_tier, uses_tiers),
-                                               ("token_prompts", not shape.text_prompts, token_prompts))
+                                               ("token_prompts", not shape.text_prompts,
+                                                token_prompts and not responses))
                if needed and not sent]
     notes = caps.notes(dropped=dropped)
-    if shape.chat:
+    if not shape.continuous_usage and not responses:
+        notes.append("no usage in every chunk (stream_options.continuous_usage_stats): tokens per chunk are not "
+                     "known, so each chunk counts as one token for ITL (chunk_tokens null)")
+    if responses:
+        notes.append("requests go to the Responses API (/v1/responses): prompts are sent as text (or chat messages) "
+                     "as input, max_output_tokens caps the answer, usage comes with response.completed; tokens per "
+                     "event are not known, so each text delta counts as one token for ITL")
+    elif shape.chat and endpoint is None:
         notes.append("the target has no /v1/completions: every prompt is sent as a chat message to "
                      "/v1/chat/completions (its template adds tokens, accounted for in the prompt lengths)")
     return TargetFit(shape, dropped, notes)

@@ -83,7 +83,8 @@ class StreamError(Exception):
 
 
 def decode_chunk(data: str) -> dict[str, Any] | None:
-    """Decode one event's data: None for ``[DONE]``; raises StreamError for an error object or bad JSON."""
+    """Decode one event's data: None for ``[DONE]``; raises StreamError for an error object (a chunk's
+    ``error``, a Responses API ``error`` or ``response.failed`` event) or bad JSON."""
     if data == DONE:
         return None
     try:
@@ -93,6 +94,11 @@ def decode_chunk(data: str) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         raise StreamError(f"chunk is not a JSON object: {data[:200]!r}")
     err = obj.get("error")
+    kind = obj.get("type")
+    if kind == "error":  # the Responses API's error event: code and message at the top
+        err = {"message": obj.get("message") or "error event", "code": obj.get("code")}
+    elif kind == "response.failed":
+        err = (obj.get("response") or {}).get("error") or {"message": "response.failed"}
     if err:
         if isinstance(err, dict):
             msg = err.get("message") or json.dumps(err)
@@ -102,15 +108,65 @@ def decode_chunk(data: str) -> dict[str, Any] | None:
     return obj
 
 
-def chunk_content(obj: dict[str, Any]) -> str:
-    """The generated text of a completions or chat chunk ("" when none)."""
+# Responses API events (POST /v1/responses, stream: true) that carry generated text
+RESPONSES_TEXT = "response.output_text.delta"
+RESPONSES_REASONING = ("response.reasoning_text.delta", "response.reasoning_summary_text.delta")
+RESPONSES_END = ("response.completed", "response.incomplete")  # no [DONE]: the stream ends with one of these
+
+
+def chunk_parts(obj: dict[str, Any]) -> tuple[str, str]:
+    """(answer text, reasoning text) of a completions or chat chunk or a Responses API event ("" when
+    none). Reasoning is a chat delta's ``reasoning_content`` (DeepSeek, older vLLM) or ``reasoning``
+    (vLLM), or a Responses reasoning (summary) delta."""
+    kind = obj.get("type")
+    if kind is not None and "choices" not in obj:
+        if kind == RESPONSES_TEXT:
+            return obj.get("delta") or "", ""
+        if kind in RESPONSES_REASONING:
+            return "", obj.get("delta") or ""
+        return "", ""
     choices = obj.get("choices")
     if not choices:
-        return ""
+        return "", ""
     c = choices[0]
     text = c.get("text")
-    if text is None:
-        delta = c.get("delta")
-        if delta:
-            text = delta.get("content") or delta.get("reasoning_content") or ""
-    return text or ""
+    if text is not None:
+        return text or "", ""
+    delta = c.get("delta")
+    if not delta:
+        return "", ""
+    return delta.get("content") or "", delta.get("reasoning_content") or delta.get("reasoning") or ""
+
+
+def chunk_content(obj: dict[str, Any]) -> str:
+    """The answer text of a chunk or event ("" when none; reasoning is not content)."""
+    return chunk_parts(obj)[0]
+
+
+def chunk_usage(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The usage of a chunk, or of a Responses ``response.completed`` / ``response.incomplete`` event,
+    in chat-completions names: ``prompt_tokens``, ``completion_tokens``, ``reasoning_tokens`` and
+    ``cached_tokens`` where the server says them."""
+    usage = obj.get("usage")
+    if usage is None and obj.get("type") in RESPONSES_END:
+        usage = (obj.get("response") or {}).get("usage")
+        if isinstance(usage, dict):
+            return _usage(usage.get("input_tokens"), usage.get("output_tokens"),
+                          usage.get("output_tokens_details"), usage.get("input_tokens_details"))
+    if not isinstance(usage, dict):
+        return None
+    return _usage(usage.get("prompt_tokens"), usage.get("completion_tokens"),
+                  usage.get("completion_tokens_details"), usage.get("prompt_tokens_details"))
+
+
+def _usage(n_in: Any, n_out: Any, out_details: Any, in_details: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(n_in, int):
+        out["prompt_tokens"] = n_in
+    if isinstance(n_out, int):
+        out["completion_tokens"] = n_out
+    if isinstance(out_details, dict) and isinstance(out_details.get("reasoning_tokens"), int):
+        out["reasoning_tokens"] = out_details["reasoning_tokens"]
+    if isinstance(in_details, dict) and isinstance(in_details.get("cached_tokens"), int):
+        out["cached_tokens"] = in_details["cached_tokens"]
+    return out

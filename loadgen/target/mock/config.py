@@ -16,6 +16,11 @@ class MockConfig:
     metrics: bool | None = None  # serve /metrics; None: yes, unless strict
     metrics_bytes: int = 0  # extra series appended to /metrics, at least this many bytes
     metrics_flavor: str = "vllm"  # whose /metrics names: vllm (the reference engine's) | sglang | tgi | trtllm
+    reasoning_tokens: int = 0  # the first N tokens of each answer are reasoning (chat and /v1/responses)
+    reasoning_field: str = "reasoning_content"  # the chat delta's reasoning key: reasoning_content | reasoning
+    tokens_per_chunk: int = 1  # each chunk carries K tokens' text (speculative decoding, stream intervals)
+    per_request_metrics: bool = False  # vLLM's per-request `metrics` object in the final chunk (not `timing`)
+    responses: bool = True  # answer POST /v1/responses (the Responses API, streamed)
 
 
 # The OpenAI request schema, per endpoint (openai-python's CompletionCreateParams): what a strict server knows.
@@ -30,6 +35,11 @@ STRICT_FIELDS = {
         "response_format", "metadata", "store", "modalities", "audio", "prediction", "reasoning_effort",
         "verbosity", "web_search_options", "safety_identifier", "prompt_cache_key", "function_call", "functions"},
 }
+STRICT_FIELDS["/v1/responses"] = frozenset({
+    "model", "input", "stream", "stream_options", "max_output_tokens", "temperature", "top_p", "instructions",
+    "metadata", "reasoning", "store", "text", "tools", "tool_choice", "parallel_tool_calls", "user", "service_tier",
+    "previous_response_id", "truncation", "include", "background", "max_tool_calls", "top_logprobs",
+    "prompt_cache_key", "safety_identifier", "conversation", "prompt"})
 STRICT_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
 
 
@@ -56,7 +66,10 @@ def strict_check(cfg: MockConfig, path: str, req) -> tuple[int, str] | None:
         return 400, "prompt must be a string."
     if path == "/v1/chat/completions" and not (isinstance(req.get("messages"), list) and req["messages"]):
         return 400, "messages must be a non-empty array"
-    for key in ("max_tokens", "max_completion_tokens"):
+    if path == "/v1/responses" and not (isinstance(req.get("input"), str) or (isinstance(req.get("input"), list)
+                                                                            and req["input"])):
+        return 400, "input must be a string or a non-empty array"
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         v = req.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             return 400, f"{key} must be a positive integer"

@@ -27,7 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from loadgen.target.mock.config import MockConfig, strict_check
 from loadgen.target.mock.metrics_page import MockMetrics, metrics_padding
-from loadgen.target.mock.stream import plan_stream
+from loadgen.target.mock.stream import plan_responses, plan_stream
 from loadgen.target.mock.wire import SSE_HEAD, STREAM_END, error, response
 
 
@@ -105,7 +105,9 @@ class _Conn(asyncio.Protocol):
             else:
                 self.tr.write(error(404, f"no route {path}"))
             return
-        if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
+        routes = ("/v1/completions", "/v1/chat/completions", "/v1/responses") if cfg.responses \
+            else ("/v1/completions", "/v1/chat/completions")
+        if method != "POST" or path not in routes:
             self.tr.write(error(404 if method == "POST" else 405, f"no route {method} {path}"))
             return
         try:
@@ -114,27 +116,36 @@ class _Conn(asyncio.Protocol):
             self.tr.write(error(400, "body is not JSON"))
             return
         chat = path.endswith("/chat/completions")
+        api = "responses" if path == "/v1/responses" else "chat" if chat else "completions"
+        key = {"responses": "input", "chat": "messages", "completions": "prompt"}[api]
         if cfg.strict:
             if (refused := strict_check(cfg, path, req)) is not None:
                 self.tr.write(error(*refused))
             elif req.get("stream"):
-                self._stream(req, chat, req["messages"] if chat else req["prompt"])
+                self._stream(req, api, req[key])
+            elif api == "responses":
+                self.tr.write(error(400, "the mock's Responses API only streams; send stream: true"))
             else:
                 self._whole(req, chat)
             return
-        prompt = req.get("messages") if chat else req.get("prompt")
+        prompt = req.get(key)
         if prompt is None or not req.get("stream"):
             self.tr.write(error(400, "the mock server only streams; send stream: true and a prompt"))
             return
-        self._stream(req, chat, prompt)
+        self._stream(req, api, prompt)
 
-    def _stream(self, req: dict, chat: bool, prompt) -> None:
+    def _stream(self, req: dict, api: str, prompt) -> None:
         srv, cfg = self.srv, self.srv.cfg
         t_arrive = self.loop.time()
-        n_out, n_in = self._lengths(req, chat, prompt)
-        head = {"id": f"cmpl-{id(self):x}{int(t_arrive * 1e6):x}", "created": srv.created, "model": cfg.model,
-                "object": "chat.completion.chunk" if chat else "text_completion"}
-        plan = plan_stream(cfg, req, chat, head, n_out, n_in)
+        chat = api == "chat"
+        n_out, n_in = self._lengths(req, api != "completions", prompt)
+        rid = f"{id(self):x}{int(t_arrive * 1e6):x}"
+        if api == "responses":
+            plan = plan_responses(cfg, req, f"resp_{rid}", srv.created, n_out, n_in)
+        else:
+            head = {"id": f"cmpl-{rid}", "created": srv.created, "model": cfg.model,
+                    "object": "chat.completion.chunk" if chat else "text_completion"}
+            plan = plan_stream(cfg, req, chat, head, n_out, n_in)
         emissions = plan.emissions
         ttft = cfg.ttft_ms / 1000.0
         self.busy = True
@@ -159,9 +170,11 @@ class _Conn(asyncio.Protocol):
         self.handle = self.loop.call_at(t_arrive + emissions[0][0], emit, 0)
 
     def _lengths(self, req: dict, chat: bool, prompt) -> tuple[int, int]:
-        """(output tokens, prompt tokens) of a request: --tokens or max_tokens; ids counted, text by length."""
+        """(output tokens, prompt tokens) of a request: --tokens or max_tokens (max_output_tokens for the
+        Responses API); ids counted, text by length."""
         cfg = self.srv.cfg
         asked = (req.get("max_completion_tokens") or req.get("max_tokens")) if cfg.strict else req.get("max_tokens")
+        asked = asked or req.get("max_output_tokens")
         n_out = cfg.tokens if cfg.tokens is not None else int(asked or 16)
         n_in = len(prompt) if isinstance(prompt, list) and not chat else max(1, len(json.dumps(prompt)) // 4)
         return n_out, n_in
