@@ -36,13 +36,13 @@ def histogram_mean_delta(first: Mapping[str, float], last: Mapping[str, float], 
 def breakdown_histogram_means(first: Mapping[str, float], last: Mapping[str, float],
                               server: ServerMetrics | None = None) -> dict[str, Any]:
     """Mean queue / prefill / decode time (ms) of the requests that ended between two samples, from the
-    server's own histograms (``server``, else told by the page's metric prefix), and how many requests that
-    is (``requests``: the queue histogram's count, else the end-to-end one's). ``source`` names the
+    server's own histograms (``server``, else told by the page's metric prefix), and how many requests
+    that is (``requests``: the queue histogram's count, else the end-to-end one's). ``source`` names the
     server's histograms (``"sglang histograms"``); ``source_detail`` (one line) says how each part was
-    derived: a histogram's mean where the server has one, else a difference of two means (SGLang's prefill = mean TTFT −
-    mean queue; its decode = mean end to end − mean TTFT; TGI's prefill = mean prefill batch, its decode =
-    mean inference − that). A derived part is never below 0. TGI adds ``validation_ms`` (front-end work
-    before its queue, part of the breakdown's network share)."""
+    derived: a histogram's mean where the server has one, else a difference of two means (SGLang's
+    prefill = mean TTFT − mean queue, its decode = mean end to end − mean TTFT; TGI's prefill = mean
+    prefill batch, its decode = mean inference − that). A derived part is never below 0. TGI adds
+    ``validation_ms`` (front-end work before its queue, part of the breakdown's network share)."""
     srv = server or detect(last) or detect(first)
     out: dict[str, Any] = {"source": None, "queue_ms": None, "prefill_ms": None, "decode_ms": None, "requests": 0}
     if srv is None:
