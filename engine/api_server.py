@@ -306,6 +306,25 @@ async def handle_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
+async def handle_tokenize(request: web.Request) -> web.Response:
+    """vLLM's ``POST /tokenize`` (``prompt``, ``add_special_tokens``): a load generator measures text with it."""
+    body = await _json_body(request)
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    if not isinstance(prompt, str):
+        raise APIError(400, "'prompt' must be a string", param="prompt", code="invalid_type")
+    special = body.get("add_special_tokens", True)
+    ids = request.app[ENGINE_KEY].tokenizer.encode(prompt, add_special_tokens=special is not False)
+    return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": request.app[ENGINE_KEY].max_model_len})
+
+
+async def handle_detokenize(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    ids = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise APIError(400, "'tokens' must be an array of token ids", param="tokens", code="invalid_type")
+    return web.json_response({"prompt": request.app[ENGINE_KEY].tokenizer.decode(ids)})
+
+
 async def handle_health(request: web.Request) -> web.Response:
     eloop = request.app[ENGINE_LOOP_KEY]
     if not eloop.alive:
@@ -355,4 +374,6 @@ def build_app(engine: Any, api_key: str | None = None) -> web.Application:
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
+    app.router.add_post("/tokenize", handle_tokenize)
+    app.router.add_post("/detokenize", handle_detokenize)
     return app

@@ -209,6 +209,29 @@ def test_the_word_stand_in_counts_one_token_per_word():
     assert maker.tokenizer.decode(maker.tokenizer.encode("the of the")) == "the of the"
 
 
+class ByteLevel:
+    """The reference engine's presets: one token per UTF-8 byte, so no word is one token."""
+
+    name = "bytes"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode(errors="replace")
+
+
+def test_a_byte_level_tokenizer_gets_letters_joined_without_spaces():
+    maker = TextMaker(ByteLevel())
+    assert maker.pool.sep == "" and len(maker.pool.words) == 26
+    specs = SyntheticWorkload(input_len=LengthDist(value=30), shared_prefix=SharedPrefix(1, 20, 1.0)).generate(
+        [0.0] * 4, seed=3)
+    to_text(specs, maker, verify=True)
+    assert all(len(ByteLevel().encode(s.prompt)) == s.prompt_tokens == 50 for s in specs)
+    assert maker.mismatches == 0
+    assert len({s.prompt[:20] for s in specs}) == 1  # the shared prefix is equal text
+
+
 def test_a_tokenizer_without_usable_words_is_a_clear_error():
     with pytest.raises(TokenizerError, match="fake-words") as e:
         TextMaker(FakeWords(["zorb", "quux"]))

@@ -51,6 +51,20 @@ def test_workloads_without_and_with_sharing():
     assert blocks.shareable_tokens == 512
 
 
+def test_a_later_turn_with_real_history_shares_the_previous_prompt_and_reply():
+    from loadgen.workload.synthetic import Conversations
+
+    wl = SyntheticWorkload(input_len=LengthDist(value=40), output_len=LengthDist(value=8),
+                           conversations=Conversations(turns=3, think_time_s=0.5))
+    specs = wl.generate([0.0, 0.1, 0.2, 5.0, 5.1, 5.2], seed=2)  # two conversations of three turns
+    assert sum(s.follow_up for s in specs) == 4
+    ps = PrefixShare()
+    ps.add(specs)
+    # per conversation: turn 1 = 40 new; turn 2 = 40 + 8 history + 40 new; turn 3 = 96 history + 40 new
+    assert ps.prompt_tokens == 2 * (40 + 88 + 136)
+    assert ps.shareable_tokens == 2 * (0 + 48 + 96)
+
+
 def test_check_flags_hits_beyond_the_workloads_share():
     recs = [{"status": "ok", "prompt_tokens": 100, "cached_tokens": 96}, {"status": "ok", "prompt_tokens": 100,
                                                                             "cached_tokens": 80}]

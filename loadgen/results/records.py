@@ -34,7 +34,7 @@ class RequestRecord:
     cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache (usage), when it says
     conversation: str | None = None  # multi-turn: the conversation and the turn this request is
     turn: int | None = None
-    cancel_reason: str | None = None  # status "cancelled": "client: after k tokens" | "client: after t s" | "run stopped"
+    cancel_reason: str | None = None  # "client: after k tokens" | "client: after t s" | "run stopped"
 
     def to_json(self) -> str:
         r6 = _r6

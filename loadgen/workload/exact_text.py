@@ -74,7 +74,7 @@ class TextMaker:
         """The segments' texts joined by single spaces: exactly the sum of their tokens. ``check``
         encodes the result and repairs it (see the module docstring) instead of trusting the pool."""
         texts = [self.text(s.key, s.tokens) for s in segments]
-        out = " ".join(texts)
+        out = self.pool.sep.join(texts)
         if not check or not segments:
             return out
         total = sum(s.tokens for s in segments)
@@ -85,10 +85,10 @@ class TextMaker:
         for i, s in enumerate(segments):
             if self._count(texts[i]) != s.tokens:
                 texts[i] = self._fixed[(s.key, s.tokens)] = self.fit("", s.key, s.tokens)
-        out = " ".join(texts)
+        out = self.pool.sep.join(texts)
         if self._count(out) == total:
             return out
-        return self.fit(" ".join(texts[:-1]), segments[-1].key, total)  # a junction changes the count
+        return self.fit(self.pool.sep.join(texts[:-1]), segments[-1].key, total)  # a junction changes the count
 
     def fit(self, head: str, key: Any, total: int) -> str:
         """``head`` plus pool words from ``key``'s repair stream, ``total`` tokens in all, found by encoding
@@ -101,8 +101,8 @@ class TextMaker:
                 break
             if m > len(idx):
                 idx = self._indices(("fit", key), m + 64)
-            tail = " ".join(self._words[idx[:m]].tolist())
-            text = f"{head} {tail}" if head else tail
+            tail = self.pool.sep.join(self._words[idx[:m]].tolist())
+            text = f"{head}{self.pool.sep}{tail}" if head else tail
             got = self._count(text)
             if got == total:
                 return text
@@ -114,7 +114,7 @@ class TextMaker:
         return len(self.tokenizer.encode(text))
 
     def _draw(self, key: Any, n: int) -> str:
-        return " ".join(self._words[self._indices(key, n)].tolist())
+        return self.pool.sep.join(self._words[self._indices(key, n)].tolist())
 
     def _indices(self, key: Any, n: int) -> np.ndarray:
         """The first ``n`` word indices of ``key``'s stream, its first word a starter."""

@@ -3,9 +3,10 @@
 A request can hit the target's prefix cache only for the leading tokens it shares with an earlier request
 of the same run (a shared system prompt, a conversation's history, Mooncake blocks with equal hash ids).
 ``PrefixShare`` walks the prompts in send order through a trie of their segments and counts those
-tokens: an upper bound on the hit rate a cold cache can show for this run (a real cache hits less: it
-caches whole blocks and evicts). A target that reports more hits than that served prompts it had seen
-before the run: its cache was warm (``results.prefix_cache``).
+tokens (a conversation's later turn with real history shares all of its previous prompt and reply): an
+upper bound on the hit rate a cold cache can show for this run (a real cache hits less: it caches whole
+blocks and evicts). A target that reports more hits than that served prompts it had seen before the
+run: its cache was warm (``results.prefix_cache``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,25 @@ class PrefixShare:
         self._root: dict[Any, Any] = {}
         self.prompt_tokens = 0
         self.shareable_tokens = 0
+        self._history: dict[str, int] = {}  # conversation -> tokens of its last prompt and reply
 
     def add(self, specs: Iterable[RequestSpec]) -> None:
-        for spec in sorted(specs, key=lambda s: s.arrival_s):
+        # a conversation's turns in order (a later turn's arrival is only the earliest it could be sent)
+        for spec in sorted(specs, key=lambda s: (s.conversation is not None and s.follow_up, s.arrival_s, s.turn)):
             segs = _segments_of(spec)
             total = sum(s.tokens for s in segs)
+            if spec.follow_up and spec.conversation is not None:
+                # a later turn with real history: the driver sends the previous prompt and the server's reply
+                # (``max_tokens`` long at most) before the new message, all of it seen by the cache before
+                history = self._history.get(spec.conversation, 0)
+                self.prompt_tokens += history + total
+                self.shareable_tokens += history
+                self._history[spec.conversation] = history + total + spec.max_tokens
+                continue
             self.prompt_tokens += total
             self.shareable_tokens += self._walk(segs)
+            if spec.conversation is not None:
+                self._history[spec.conversation] = total + spec.max_tokens
 
     @property
     def share(self) -> float | None:

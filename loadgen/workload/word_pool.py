@@ -48,6 +48,7 @@ class WordPool:
     words: tuple[str, ...]  # one token each after a space, in any pair
     ids: tuple[int, ...]  # that token, per word
     starters: tuple[int, ...]  # indices of the words that are one token at the start of a text as well
+    sep: str = " "  # what joins words; "" for a byte-level tokenizer, where every character is a token
 
 
 def build_pool(tok: Tokenizer, candidates: Iterable[str] = WORDS, *, max_words: int = MAX_WORDS,
@@ -57,6 +58,8 @@ def build_pool(tok: Tokenizer, candidates: Iterable[str] = WORDS, *, max_words: 
     cands = [w for w in dict.fromkeys(candidates) if w.isalpha() and w.islower()]
     anchor = next(((w, i) for w in cands if (i := _one_token(tok, w)) is not None), None)
     if anchor is None:
+        if (chars := _char_pool(tok)) is not None:
+            return chars
         raise TokenizerError(f"{tok.name}: none of {len(cands)} candidate words is one token on its own")
     ids = _ids_after_a_space(tok, anchor, cands)
     words = [w for w in cands if w in ids][:max_words]
@@ -73,6 +76,19 @@ def build_pool(tok: Tokenizer, candidates: Iterable[str] = WORDS, *, max_words: 
         words = [w for w in words if w not in bad]
     raise TokenizerError(f"{tok.name}: only {len(words)} of {len(cands)} candidate words stay one token each "
                          f"next to one another; text prompts need at least {MIN_WORDS}")
+
+
+def _char_pool(tok: Tokenizer) -> WordPool | None:
+    """A byte- or character-level tokenizer (the reference engine's presets): no word is one token, but
+    every letter is, wherever it stands, so letters joined without spaces are one token each."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    ids = [_one_token(tok, c) for c in letters]
+    if any(i is None for i in ids):
+        return None
+    text = "".join(a + b for a in letters for b in letters)  # every pair, each letter at the start once
+    if tok.encode(text) != [ids[letters.index(c)] for c in text] or tok.decode(tok.encode(text)) != text:
+        return None
+    return WordPool(tuple(letters), tuple(ids), tuple(range(len(letters))), sep="")
 
 
 def _one_token(tok: Tokenizer, text: str) -> int | None:
