@@ -26,9 +26,15 @@ def print_summary(s: dict[str, Any], run_dir: Path, as_json: bool) -> None:
     t.add_column("metric")
     for c in ("mean", "median", "p90", "p99"):
         t.add_column(c, justify="right")
-    for m in ("ttft", "tpot", "itl", "e2el"):
+    rows = ["ttft", "tpot", "itl", "e2el"]
+    if s.get("total_reasoning_tokens"):  # a reasoning model: the first answer token comes after its thinking
+        rows.insert(1, "ttfot")
+    if s.get("mean_chunk_gap_ms") is not None and s.get("mean_chunk_gap_ms") != s.get("mean_itl_ms"):
+        rows.insert(rows.index("itl") + 1, "chunk_gap")  # several tokens a chunk: ITL is per token, gaps apart
+    for m in rows:
+        label = "chunk gap" if m == "chunk_gap" else m.upper()
         t.add_row(
-            f"{m.upper()} (ms)", *(_num(s.get(f"{c}_{m}_ms")) for c in ("mean", "median", "p90", "p99")))
+            f"{label} (ms)", *(_num(s.get(f"{c}_{m}_ms")) for c in ("mean", "median", "p90", "p99")))
     con.print(t)
     lat = s.get("client_lateness", {})
     con.print(
