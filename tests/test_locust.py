@@ -240,3 +240,36 @@ def test_capacity_step_call_puts_records_on_the_callers_clock(mock_server, tmp_p
     assert len(read_records(tmp_path / "all.jsonl")) == 20
     assert summarize([json.loads(r.to_json()) for r in recs])["completed"] == 20
     assert driver.progress.done == 20 and driver.progress.errors == 0
+
+
+def test_locust_carries_conversations_and_the_cancellation_mix(mock_server, tmp_path):
+    """Through `slobench run --driver locust`: each later turn waits for the previous reply plus the think
+    time, records name their conversation and turn, and the planned cancellations end after their k tokens."""
+    url = mock_server("--ttft-ms", 20, "--itl-ms", 5, "--tokens", 6)
+    scn = scenario(tmp_path, "name: conv\nseed: 4\nworkload:\n  input_len: 8\n  output_len: 6\n"
+                             "  conversations: {turns: 3, think_time_s: 0.3}\n"
+                             "  cancel: {ratio: 0.25, after_tokens: 2}\n"
+                             "load: {arrival: poisson, rate: 10, requests: 24}\n")
+    r = slobench("run", scn, "--target", url, "--driver", "locust", "--out", tmp_path / "run", "--no-scrape",
+                 "--no-report", "--lateness-bound-ms", 50)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = read_records(tmp_path / "run" / "requests.jsonl")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert recs and all(x["conversation"] is not None and x["turn"] is not None for x in recs)
+    convs: dict[str, list[dict]] = {}
+    for x in recs:
+        convs.setdefault(x["conversation"], []).append(x)
+    followed = 0
+    for turns in convs.values():
+        turns.sort(key=lambda x: x["turn"])
+        assert [x["turn"] for x in turns] == list(range(len(turns)))  # none skipped, none twice
+        for prev, nxt in zip(turns, turns[1:], strict=False):
+            assert prev["status"] == "ok"  # a conversation goes on only after a completed turn
+            assert nxt["scheduled_s"] == pytest.approx(prev["done_s"] + 0.3, abs=0.002)
+            followed += 1
+    assert followed > 0
+    cancelled = [x for x in recs if x["status"] == "cancelled"]
+    assert cancelled and all(x["cancel_reason"] == "client: after 2 tokens" and len(x["token_s"]) == 2
+                             for x in cancelled)
+    assert summary["cancellations"]["client"] == len(cancelled)
+    assert summary["conversations"]["turns_sent"] == len(recs)
