@@ -18,8 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 BEFORE = json.loads((REPO / "tests" / "fixtures" / "smoke-seed7-before-layout.json").read_text())
 ADDED = {"breakdown.mean_network_ms", "breakdown.p50_network_ms", "breakdown.p99_network_ms",
          "breakdown.mean_ttft_ms", "prompt_length", "scrape", "target_probe", "request_fit"}
-ADDED_PREFIXES = ("prompt_length.", "scrape.", "target_probe.", "request_fit.")
-ADDED |= {"breakdown.source_detail"}  # where the breakdown came from (server semantics)
+ADDED_PREFIXES = ("prompt_length.", "scrape.", "target_probe.", "request_fit.", "prefix_cache.", "cancellations.",
+                  "conversations.")
+ADDED |= {"breakdown.source_detail", "prefix_cache", "cancellations", "conversations"}  # server semantics
 ADDED_METRICS = ("ttfot", "chunk_gap")  # TTFOT and chunk gaps, overall and per tier (server semantics)
 ADDED_RECORD_FIELDS = {"prompt_tokens_intended", "first_output_s", "reasoning_tokens", "chunk_tokens",
                        "cached_tokens", "conversation", "turn", "cancel_reason"}
@@ -52,5 +53,6 @@ def test_fixed_seed_smoke_run_gives_the_same_summary_keys_and_records(tmp_path):
     # together), so token_s is left out with the other times; output_tokens (usage) is compared
     assert all(rec["prompt_tokens_intended"] == rec["prompt_tokens"] for rec in recs)  # token ids: exact
     now = sorted(({k: v for k, v in rec.items() if k not in TIME | ADDED_RECORD_FIELDS}
-                  | {"server_keys": sorted(rec["server"] or {})} for rec in recs), key=lambda x: x["id"])
+                  | {"server_keys": sorted(set(rec["server"] or {}) - {"source"})}  # source: server semantics
+                  for rec in recs), key=lambda x: x["id"])
     assert now == BEFORE["records"]

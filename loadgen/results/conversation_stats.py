@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
+from loadgen.results import latency
 
 CACHED_SOURCE = "usage.prompt_tokens_details.cached_tokens"
 
@@ -80,7 +80,7 @@ def _prefix_cache(by_conv: Mapping[str, list[Mapping[str, Any]]]) -> dict[str, A
     if not prompt:
         return None
     return {"hit_rate": cached / prompt, "cached_tokens": cached, "prompt_tokens": prompt, "turns": turns,
-            "per_conversation": {"conversations": len(rates), "median": float(np.median(rates)),
+            "per_conversation": {"conversations": len(rates), "median": latency.percentile(rates, 50),
                                  "min": float(min(rates))},
             "source": CACHED_SOURCE}
 
