@@ -17,6 +17,7 @@ from loadgen.report.health import health
 from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
 from loadgen.results.server_metrics import SGLANG, TGI, TRTLLM, VLLM, detect
 from loadgen.target.scrape import Scraper, find_metrics_page, is_prometheus, parse_metrics
+from tests.helpers import slobench
 
 
 def hist(name: str, total: float, n: int, lab: str = "") -> dict[str, float]:
@@ -199,3 +200,16 @@ def test_scraper_finds_trtllm_prometheus_path(mock_server, tmp_path):
     assert cost["path"] == "/prometheus/metrics"
     assert cost["notes"] == ["GET /metrics answered JSON, not Prometheus text: ignored"]
 
+
+def test_run_against_the_sglang_mock_names_its_breakdown(mock_server, tmp_path):
+    url = mock_server("--metrics-flavor", "sglang", "--ttft-ms", 20, "--itl-ms", 2, "--tokens", 4)
+    scn = tmp_path / "s.yaml"
+    scn.write_text("name: sg\nworkload: {input_len: 8, output_len: 4}\n"
+                   "load: {arrival: poisson, rate: 20, requests: 20}\n")
+    r = slobench("run", scn, "--target", url, "--reports", tmp_path, "--run-id", "sg", "--no-report",
+                 "--lateness-bound-ms", 100)
+    assert r.returncode == 0, r.stderr
+    bd = json.loads((tmp_path / "sg" / "summary.json").read_text())["breakdown"]
+    assert bd["source"] == "sglang histograms" and bd["mean_queue_ms"] == 0
+    assert bd["mean_prefill_ms"] == pytest.approx(20.0, abs=1e-9) and bd["mean_network_ms"] >= 0
+    assert "sglang:time_to_first_token_seconds" in bd["source_detail"]
