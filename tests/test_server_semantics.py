@@ -149,6 +149,21 @@ def test_multi_token_chunks_against_the_mock(mock_server, tmp_path):
     assert s["median_tpot_ms"] == pytest.approx(70 / 9, abs=1)  # (E2EL − TTFT) / (10 − 1)
 
 
+def test_continuous_usage_can_be_turned_off(mock_server, tmp_path):
+    """``client.continuous_usage: false`` sends only include_usage: chunks are one token each again."""
+    url = mock_server("--ttft-ms", 20, "--itl-ms", 5, "--tokens", 6, "--tokens-per-chunk", 3)
+    scn = _scenario(tmp_path)
+    scn.write_text(scn.read_text() + "client: {continuous_usage: false}\n")
+    r = slobench("run", scn, "--target", url, "--out", tmp_path / "off", "--no-progress", "--no-report",
+                 "--lateness-bound-ms", 50)
+    assert r.returncode == 0, r.stderr
+    recs = read_records(tmp_path / "off" / "requests.jsonl")
+    s = json.loads((tmp_path / "off" / "summary.json").read_text())
+    assert s["request_fit"]["shape"]["continuous_usage"] is False
+    assert any("client.continuous_usage: false" in n for n in s["request_fit"]["notes"])
+    assert all(r["chunk_tokens"] is None and len(r["token_s"]) == 2 and r["output_tokens"] == 6 for r in recs)
+
+
 def test_responses_api_end_to_end_and_a_target_without_it(mock_server, tmp_path):
     url = mock_server("--ttft-ms", 30, "--itl-ms", 10, "--tokens", 6, "--reasoning-tokens", 2)
     recs, s = _run(tmp_path, url, "r", "--endpoint", "responses")

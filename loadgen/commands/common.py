@@ -51,5 +51,6 @@ def target_options(args: argparse.Namespace, scenario=None):
     return TargetOptions(probe=not getattr(args, "no_probe", False), tokenizer_dir=getattr(args, "tokenizer", None),
                          explicit=set(scenario.explicit_fields) if scenario is not None else set(),
                          send_tier=scenario.send_tier if scenario is not None else None,
+                         continuous_usage=getattr(scenario, "continuous_usage", None),
                          endpoint=pick(getattr(args, "endpoint", None), getattr(scenario, "endpoint", None)))
 

@@ -23,7 +23,8 @@ tiers:                     # weight and SLOs (ms) per service tier
 load: {arrival: poisson, rate: 4, requests: 40, duration_s: 30}   # arrival: poisson|gamma|constant|closed
 goodput: {ttft_ms: 800}
 client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10, send_tier: null,
-         endpoint: null}  # endpoint: completions | chat | responses (null: by prompt kind, as the target takes)
+         endpoint: null,  # endpoint: completions | chat | responses (null: by prompt kind, as the target takes)
+         continuous_usage: null}  # false: never ask for usage in every chunk (null: when the target takes it)
 search:                    # for ``slobench capacity`` (see loadgen/capacity/)
   axis: rate               # rate (req/s, open loop with load.arrival) | concurrency (users, closed loop)
   start: 2                 # first load of the ramp
@@ -103,6 +104,9 @@ class Scenario:
     shaping: TraceShaping = field(default_factory=TraceShaping)  # trace workloads: length scaling, caps, ties
     send_tier: bool | None = None  # client.send_tier: None sends tiers when the target accepts service_tier
     endpoint: str | None = None  # client.endpoint: completions | chat | responses; None: by prompt kind
+    # client.continuous_usage: False never asks for usage in every chunk (it costs the server a little per
+    # chunk; without it tokens per chunk are unknown); None asks when the target accepts it
+    continuous_usage: bool | None = None
     explicit_fields: set[str] = field(default_factory=set)  # request fields asked for explicitly (errors if rejected)
     cancel: CancelMix | None = None  # workload.cancel: the client cancellation mix
 

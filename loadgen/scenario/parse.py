@@ -351,6 +351,7 @@ def _parse_client(c: MappingNode, s: Scenario) -> None:
     if s.send_tier:
         s.explicit_fields.add("service_tier")
     s.endpoint = c.get("endpoint", (str, type(None)), None, choices=(*ENDPOINTS, None))
+    s.continuous_usage = c.get("continuous_usage", (bool, type(None)), None)
     c.check_unknown()
 
 

@@ -34,6 +34,7 @@ class TargetOptions:
     api_key: str | None = None
     explicit: set[str] = field(default_factory=set)  # fields asked for explicitly: an error when rejected
     send_tier: bool | None = None  # False: never send tiers; None: when accepted
+    continuous_usage: bool | None = None  # False: never ask for usage in every chunk; None: when accepted
     endpoint: str | None = None  # completions | chat | responses (--endpoint, client.endpoint); None: by prompt kind
 
 
@@ -86,6 +87,10 @@ def prepare_target(target: str, model: str | None, specs: list[RequestSpec], opt
                             token_prompts=any(s.kind == "tokens" for s in specs), endpoint=opts.endpoint)
     if opts.send_tier is False:
         fit.shape.service_tier = False
+    if opts.continuous_usage is False and fit.shape.continuous_usage:
+        fit.shape.continuous_usage = False
+        fit.notes.append("client.continuous_usage: false: usage only in the final chunk, so each chunk counts as one "
+                         "token for ITL (chunk_tokens null)")
     prepared = PreparedTarget(model, fit, caps)
     if real_history and not (fit.shape.text_prompts or fit.shape.chat):
         fit.shape.chat = caps.chat  # the main path: the reply goes back as an assistant message
