@@ -31,9 +31,11 @@ from loadgen.drivers.http_request import ClientConfig
 from loadgen.results import latency
 from loadgen.results.records import RecordWriter, RequestRecord
 from loadgen.results.rundir import read_metrics
+from loadgen.results.scraped import family
+from loadgen.results.server_metrics import SERVERS, detect
 from loadgen.scenario.steps import step_specs
 from loadgen.target.prepare import PreparedTarget
-from loadgen.target.scrape import Scraper, scrape_once
+from loadgen.target.scrape import Scraper, find_metrics_page, scrape_once
 from loadgen.workload.sharing import PrefixShare
 
 
@@ -70,6 +72,7 @@ class CapacityRunner:
         self.driver: Driver | None = None
         self._scraper: Scraper | None = None
         self._metrics_ok = True
+        self._metrics_url: str | None = None  # the target's Prometheus page, found at the first settle
         self.sharing = PrefixShare()  # what the steps' prompts share: the expected prefix-cache hit rate
 
     # -------------------------------------------------------------- lifecycle
@@ -154,20 +157,23 @@ class CapacityRunner:
         return StepResult(detail["passed"], detail["stopped_early"], detail, margin=margin)
 
     async def _settle(self) -> None:
-        """Wait until the target has nothing running or waiting (two scrapes in a row), at most
-        settle_timeout_s; targets without the gauges get half a second."""
-        url = self.target + "/metrics"
+        """Wait until the target has nothing running or waiting (two scrapes in a row, in its own gauges'
+        names: ``results.server_metrics``), at most settle_timeout_s; targets without them get half a second."""
         deadline = time.monotonic() + self.plan.step.settle_timeout_s
         loop = asyncio.get_running_loop()
+        if self._metrics_url is None:
+            self._metrics_url, _ = await loop.run_in_executor(None, find_metrics_page, self.target)
         idle = 0
+        prefixes = tuple(s.prefix for s in SERVERS)
         while self._metrics_ok and time.monotonic() < deadline and not self.stopped:
             try:
-                m = await loop.run_in_executor(None, scrape_once, url, ("vllm:num_requests",), 2.0)
+                m = await loop.run_in_executor(None, scrape_once, self._metrics_url, prefixes, 2.0)
             except Exception:  # noqa: BLE001 (no /metrics: fall back to a pause)
                 self._metrics_ok = False
                 break
-            busy = [v for k, v in m.items() if k.startswith(("vllm:num_requests_running",
-                                                              "vllm:num_requests_waiting"))]
+            names = detect(m)
+            gauges = [g for g in (names.running, names.waiting) if g] if names else []
+            busy = [v for g in gauges for v in family(m, g)]
             if not busy:
                 self._metrics_ok = False
                 break
