@@ -69,13 +69,19 @@ workload:
 load: {{arrival: poisson, rate: {rate}, requests: {requests}}}
 client: {{continuous_usage: {continuous}}}
 """
-ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"  # per token, engine-side
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"  # from the request's arrival at the API server
 
 
-def server_itl_ms(first: dict[str, float], last: dict[str, float]) -> float | None:
-    """The server's own mean time between output tokens over a run (its ITL histogram's delta)."""
-    mean_s, _ = histogram_mean_delta(first, last, ITL_HISTOGRAM)
+def server_mean_ms(first: dict[str, float], last: dict[str, float], histogram: str) -> float | None:
+    """The server's own mean of one histogram over a run (its delta between two scrapes)."""
+    mean_s, _ = histogram_mean_delta(first, last, histogram)
     return None if mean_s is None else mean_s * 1000.0
+
+
+def server_figures(first: dict[str, float], last: dict[str, float]) -> dict[str, float | None]:
+    return {"server_itl_ms": server_mean_ms(first, last, ITL_HISTOGRAM),
+            "server_ttft_ms": server_mean_ms(first, last, TTFT_HISTOGRAM)}
 
 
 def wait_up(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -133,9 +139,10 @@ def run_slobench(args, url: str, out: Path, requests: int, seed: int, continuous
                   and (r["output_tokens"] or 0) > 1]
     return {
         "continuous_usage": summary["request_fit"]["shape"].get("continuous_usage"),
-        "server_itl_ms": server_itl_ms(samples[0]["metrics"], samples[-1]["metrics"]) if len(samples) >= 2 else None,
+        **server_figures(samples[0]["metrics"], samples[-1]["metrics"]),
+        "mean_ttft_ms": summary["mean_ttft_ms"], "mean_itl_ms": summary["mean_itl_ms"],
         "server_mean_itl_ms_per_request_p50": latency.percentile(server_itl, 50),
-        "completed": summary["completed"], "failed": summary["failed"],
+        "completed": summary["completed"], "failed": summary["failed"], "total_input": summary["total_input_tokens"],
         "median_ttft_ms": summary["median_ttft_ms"], "p99_ttft_ms": summary["p99_ttft_ms"],
         "median_itl_ms": summary["median_itl_ms"], "median_tpot_ms": summary["median_tpot_ms"],
         "client_lateness": summary["client_lateness"], "valid": summary["valid"],
@@ -159,9 +166,10 @@ def run_vllm_bench(args, url: str, out_dir: Path, name: str, seed: int) -> dict[
     if r.returncode != 0:
         raise SystemExit(f"vllm bench serve failed ({r.returncode}):\n{r.stderr[-3000:]}")
     res = json.loads((out_dir / (name + ".json")).read_text())
-    out = {k: res.get(k) for k in ("completed", "failed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
-                                   "p99_itl_ms", "median_tpot_ms", "request_throughput")}
-    return out | {"server_itl_ms": server_itl_ms(before, after)}
+    out = {k: res.get(k) for k in ("completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                                   "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "median_tpot_ms",
+                                   "request_throughput", "total_input", "total_output")}
+    return out | server_figures(before, after)
 
 
 def main() -> None:
@@ -190,20 +198,27 @@ def main() -> None:
                 s = run_slobench(args, url, work / f"{tool}{k}", args.requests, seed=k + 1, continuous=continuous)
                 runs[tool].append(s)
                 print(f"{tool:21s} #{k}: TTFT p50 {s['median_ttft_ms']:.2f} p99 {s['p99_ttft_ms']:.2f}  ITL p50 "
-                      f"{s['median_itl_ms']:.2f} ms  server ITL {s['server_itl_ms']:.2f} ms  lateness p99 "
+                      f"{s['median_itl_ms']:.2f} ms  server ITL {s['server_itl_ms']:.2f} ms  mean TTFT "
+                      f"{s['mean_ttft_ms']:.2f} (server {s['server_ttft_ms']:.2f}) ms  lateness p99 "
                       f"{s['client_lateness']['p99_ms']:.2f} ms", flush=True)
             v = run_vllm_bench(args, url, work, f"vllm{k}", seed=k + 1)
             runs["vllm_bench"].append(v)
             print(f"{'vllm bench serve':21s} #{k}: TTFT p50 {v['median_ttft_ms']:.2f} p99 {v['p99_ttft_ms']:.2f}  "
-                  f"ITL p50 {v['median_itl_ms']:.2f} ms  server ITL {v['server_itl_ms']:.2f} ms", flush=True)
+                  f"ITL p50 {v['median_itl_ms']:.2f} ms  server ITL {v['server_itl_ms']:.2f} ms  mean TTFT "
+                  f"{v['mean_ttft_ms']:.2f} (server {v['server_ttft_ms']:.2f}) ms", flush=True)
 
     def med(tool: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[tool])
 
+    for rs in runs.values():  # like for like: what the client adds to the server's own TTFT, and ITL per token
+        for r in rs:  # as the client saw it over what the server measured, in the same run
+            r["client_ttft_overhead_ms"] = r["mean_ttft_ms"] - r["server_ttft_ms"]
+            r["itl_over_server_itl"] = r["mean_itl_ms"] / r["server_itl_ms"]
     compare: dict[str, Any] = {}
     for tool in ("slobench", "slobench_final_usage"):
         compare[tool] = {}
-        for key in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "server_itl_ms"):
+        for key in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "mean_itl_ms", "server_itl_ms",
+                    "server_ttft_ms", "client_ttft_overhead_ms", "itl_over_server_itl"):
             a, b = med(tool, key), med("vllm_bench", key)
             compare[tool][key] = {tool: a, "vllm_bench": b, "ratio": a / b, "agree": abs(a / b - 1) <= args.tolerance}
     parts = {}
