@@ -168,7 +168,7 @@ def run_vllm_bench(args, url: str, out_dir: Path, name: str, seed: int) -> dict[
     res = json.loads((out_dir / (name + ".json")).read_text())
     out = {k: res.get(k) for k in ("completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
                                    "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "median_tpot_ms",
-                                   "request_throughput", "total_input", "total_output")}
+                                   "request_throughput", "total_input_tokens", "total_output_tokens")}
     return out | server_figures(before, after)
 
 
