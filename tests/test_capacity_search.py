@@ -106,7 +106,9 @@ def test_finds_the_known_capacity_within_tolerance(c, mu, start):
     assert (out.first_fail_load - out.rated_load) / out.rated_load <= 0.05  # ... and is within tolerance
     assert truth * 0.95 <= out.rated_load <= truth
     phases = [s.phase for s in out.steps]
-    assert phases[0] == "ramp" and phases[-1] == "bisect" and "ramp" not in phases[phases.index("bisect"):]
+    assert phases[0] == "ramp" and "ramp" not in phases[phases.index("bisect"):]
+    assert phases[-2:] == ["confirm", "confirm"] and out.confirmed  # an exact model agrees with itself
+    assert [s.draw for s in out.steps[-2:]] == [1, 2] and {s.draw for s in out.steps[:-2]} == {0}
 
 
 def test_geometric_ramp_then_bisection_step_count():
@@ -116,11 +118,12 @@ def test_geometric_ramp_then_bisection_step_count():
     loads = [s.load for s in plain.steps]
     assert loads[:4] == [1, 2, 4, 8] and not plain.steps[4].passed  # 16 breaks the 16 req/s queue
     assert loads[5] == pytest.approx(8 * 2**0.5)  # geometric midpoint
-    assert len(plain.steps) == 5 + 4  # ramp to the first failure, then log2(log(2)/log(1.05)) bisections
+    # ramp to the first failure, then log2(log(2)/log(1.05)) bisections, then the two ends confirmed
+    assert [s.phase for s in plain.steps] == ["ramp"] * 5 + ["bisect"] * 4 + ["confirm"] * 2
     # with the steps' SLO margins, false position needs fewer steps for the same bracket
     interp = CapacitySearch(SearchConfig(start=1, growth=2, tolerance=0.05)).run(exact_measure(model, P99_300))
     assert interp.converged and interp.rated_load <= model.capacity(P99_300) <= interp.first_fail_load
-    assert len(interp.steps) < len(plain.steps)
+    assert len(interp.steps) < len(plain.steps) and interp.confirmed
 
 
 @pytest.mark.parametrize("c,mu", [(8, 2.0), (32, 5.0), (2, 10.0), (64, 1.0)])
@@ -184,8 +187,9 @@ def test_unknown_verdicts_count_as_failures_and_budget_is_reported():
     ex = exact_measure(model, P99_300)
     out = CapacitySearch(SearchConfig(start=1, growth=2, max_steps=6)).run(
         lambda load, phase: StepResult(None) if load > 12 else ex(load, phase))
-    assert out.verdict == "rated" and not out.converged and len(out.steps) == 6
-    assert "step budget" in out.text
+    # the budget counts ramp and bisection steps; the bracket it leaves is still confirmed
+    assert out.verdict == "rated" and not out.converged and len(out.steps) == 6 + 2
+    assert "step budget" in out.text and [s.phase for s in out.steps[-2:]] == ["confirm", "confirm"]
     out = CapacitySearch(SearchConfig(start=1, growth=2, max_steps=3, max_load=100)).run(
         lambda load, phase: StepResult(True))
     assert out.verdict == "never_broke" and not out.converged and "stopped after 3 steps" in out.text

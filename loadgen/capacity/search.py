@@ -1,9 +1,10 @@
-"""The capacity search, as pure logic: a geometric ramp until the SLO breaks, then bisection.
+"""The capacity search, as pure logic: a geometric ramp until the SLO breaks, bisection, confirmation.
 
-``CapacitySearch`` knows nothing about HTTP or time. It proposes loads (``next_step()``) and learns
-whether each passed (``record()``); ``run(measure)`` drives it with a ``measure(load, phase) ->
-StepResult`` callback, which is how the tests check it against synthetic latency models and how
-``loadgen.capacity`` drives it against a real target.
+``CapacitySearch`` knows nothing about HTTP or time. It proposes loads (``next_step()``, with the
+arrival pattern to use in ``next_draw``) and learns whether each passed (``record()``);
+``run(measure)`` drives it with a ``measure(load, phase) -> StepResult`` callback (``draws=True``:
+``measure(load, phase, draw)``), which is how the tests check it against synthetic latency models and
+how ``loadgen.capacity.run`` drives it against a real target.
 
 - **ramp**: start at ``start`` and multiply by ``growth`` while steps pass. If the very first step fails,
   divide by ``growth`` instead until one passes (or ``min_load`` fails too: *never met*).
@@ -14,9 +15,26 @@ StepResult`` callback, which is how the tests check it against synthetic latency
   80%, and a plain bisection (geometric mean) follows any interpolated step that failed to halve the
   bracket, so it never converges slower than bisection by more than one step in two. A failing end
   that was stopped early has only a lower-bound margin: that bracket is bisected.
+- **confirm**: once the bracket has converged (or the step budget is spent), its pass end and then its
+  fail end are measured again, each with a fresh arrival pattern (``draw`` 1, 2, ...; every other step
+  uses draw 0, the common pattern). A load's verdict is the majority of its counted measurements (a tie
+  counts as a failure: a rating must hold on most patterns). A confirmation that disagrees makes a tie,
+  which one more fresh draw breaks; when the majority turns against the end, the bracket reopens (a pass
+  end that now fails, a fail end that now passes) and the search bisects on from there. An end is
+  *confirmed* when at least two of its measurements, with different draws, agree with its verdict.
+  A reopening shows the common pattern misleads near the boundary, so every step after one gets a fresh
+  draw of its own. After ``max_reopens`` reopenings no more confirmations are asked: the search converges and says the
+  bracket is unconfirmed.
+- **disturbed steps**: a step whose result says ``disturbed`` (the load generator fell behind its
+  schedule) decides nothing: the same load, phase and draw is measured again, at most ``retries`` times
+  (``remeasured_of`` links each attempt to the one before). When the retries run out the last attempt
+  counts as measured; if the verdict rests on it (a *deciding* step: a measurement that agrees with the
+  pass or fail end's verdict, every step of never_met) the verdict is ``invalid``.
 - Verdicts: ``rated`` (a pass and a fail bracket the capacity), ``never_met`` (even ``min_load``
-  fails), ``never_broke`` (``max_load`` still passes; the rating is a lower bound). The step budget
-  (``max_steps``) ends the search early with the best bracket so far, and says so.
+  fails), ``never_broke`` (``max_load`` still passes; the rating is a lower bound), ``invalid`` (one of
+  those, ``search_verdict``, resting on a disturbed step). The step budget (``max_steps``: ramp and
+  bisection steps; confirmations and re-measures come on top, bounded by ``max_reopens`` and
+  ``retries``) ends the search early with the best bracket so far, and says so.
 """
 
 from __future__ import annotations
@@ -28,7 +46,9 @@ from typing import Any
 
 from loadgen.scenario.options import SearchConfig
 
-VERDICTS = ("rated", "never_met", "never_broke")
+VERDICTS = ("rated", "never_met", "never_broke", "invalid")
+RETRIES = 2  # re-measures of a disturbed step
+MAX_REOPENS = 2  # confirmations that may disagree before the search stops confirming
 
 
 @dataclass(slots=True)
@@ -37,38 +57,66 @@ class StepResult:
     stopped_early: bool = False
     detail: dict[str, Any] = field(default_factory=dict)
     margin: float | None = None  # worst judged quantile / threshold (a lower bound when stopped early)
+    disturbed: str | None = None  # why this measurement cannot be trusted (the load generator fell behind)
 
 
 @dataclass(slots=True)
 class Step:
     index: int
     load: float
-    phase: str  # ramp | bisect
+    phase: str  # ramp | bisect | confirm
     result: StepResult
+    draw: int = 0  # the arrival pattern (0: the common one)
+    attempt: int = 1  # 2, 3: re-measures of a disturbed step
+    remeasured_of: int | None = None  # the disturbed step this one measures again
+    counted: bool = True  # False: disturbed and measured again; the search ignores it
+    confirms: int | None = None  # confirm phase: the step whose verdict this one checks
 
     @property
     def passed(self) -> bool:
         return bool(self.result.passed)
 
+    @property
+    def disturbed(self) -> str | None:
+        return self.result.disturbed
+
+
+@dataclass(slots=True)
+class _Proposal:
+    load: float
+    phase: str
+    draw: int = 0
+    attempt: int = 1
+    remeasured_of: int | None = None
+    want: bool | None = None  # confirm phase: the verdict the end had
+
 
 @dataclass(slots=True)
 class SearchOutcome:
-    verdict: str  # rated | never_met | never_broke
+    verdict: str  # rated | never_met | never_broke | invalid
     rated_load: float | None  # the highest load that met every SLO
     first_fail_load: float | None  # the lowest load that broke one
     converged: bool  # the bracket is within tolerance (or, for never_*, the limit was reached)
     steps: list[Step]
     text: str
+    search_verdict: str = ""  # the steps' verdict (``verdict`` is ``invalid`` when it rests on a disturbed step)
+    confirmed: bool | None = None  # rated: both ends measured twice, with different draws, alike
+    reopens: int = 0  # confirmations that disagreed
+    deciding: list[int] = field(default_factory=list)  # the steps the verdict rests on
+    invalid_reason: str | None = None
 
 
 class CapacitySearch:
-    def __init__(self, cfg: SearchConfig):
+    def __init__(self, cfg: SearchConfig, *, confirm: bool = True, retries: int = RETRIES,
+                 max_reopens: int = MAX_REOPENS):
         self.cfg = cfg
+        self.confirm, self.retries, self.max_reopens = confirm, retries, max_reopens
         self.steps: list[Step] = []
         self.best_pass: float | None = None  # highest passing load
         self.first_fail: float | None = None  # lowest failing load above best_pass (or anywhere without one)
-        self._phase = "ramp"
-        self._next: float | None = cfg.start
+        self.reopens = 0
+        self._draws = 0  # fresh arrival patterns handed out
+        self._pending: _Proposal | None = _Proposal(cfg.start, "ramp")
         self._brackets: list[float] = []  # log width of the bracket after each bisection-phase step
         self._interp_last = False
         self.unit = "users" if cfg.integer else "req/s"
@@ -77,64 +125,133 @@ class CapacitySearch:
 
     def next_step(self) -> tuple[float, str] | None:
         """The next (load, phase) to measure, or None when the search is over."""
-        if self._next is None or len(self.steps) >= self.cfg.max_steps:
+        if self._pending is None:
             return None
-        return self._next, self._phase
+        return self._pending.load, self._pending.phase
+
+    @property
+    def next_draw(self) -> int:
+        """The arrival pattern of the next step (0: the common one; confirmations get fresh ones)."""
+        return self._pending.draw if self._pending else 0
+
+    @property
+    def next_remeasure(self) -> int | None:
+        """The disturbed step the next one measures again, if it does."""
+        return self._pending.remeasured_of if self._pending else None
 
     def record(self, load: float, result: StepResult) -> Step:
-        step = Step(len(self.steps), load, self._phase, result)
+        p = self._pending if self._pending is not None and self._pending.load == load else _Proposal(load, "ramp")
+        step = Step(len(self.steps), load, p.phase, result, p.draw, p.attempt, p.remeasured_of)
+        prev = self._latest(load)
         self.steps.append(step)
-        if step.passed:
-            if self.best_pass is None or load > self.best_pass:
-                self.best_pass = load
-        elif self.first_fail is None or load < self.first_fail:
-            self.first_fail = load
-        if self.best_pass is not None and self.first_fail is not None and self.first_fail > self.best_pass:
+        if result.disturbed and p.attempt <= self.retries:
+            step.counted = False  # measure it again: same load, phase and pattern
+            self._pending = _Proposal(load, p.phase, p.draw, p.attempt + 1, step.index, p.want)
+            return step
+        if p.phase == "confirm" and prev is not None:
+            step.confirms = prev.index
+            v = self._verdict(load)
+            if v is None:  # a tie: one more fresh pattern breaks it
+                self._draws += 1
+                self._pending = _Proposal(load, "confirm", self._draws, want=p.want)
+                return step
+            if p.want is not None and v != p.want:
+                self.reopens += 1  # the majority turned against the end: the bracket moves
+        self._update_bracket()
+        if self.best_pass is not None and self.first_fail is not None:
             self._brackets.append(math.log(self.first_fail / self.best_pass))
-        self._next = self._propose()
+        self._pending = self._propose()
         return step
 
-    def run(self, measure: Callable[[float, str], StepResult]) -> SearchOutcome:
+    def run(self, measure: Callable[..., StepResult], draws: bool = False) -> SearchOutcome:
         while (nxt := self.next_step()) is not None:
             load, phase = nxt
-            self.record(load, measure(load, phase))
+            res = measure(load, phase, self.next_draw) if draws else measure(load, phase)
+            self.record(load, res)
         return self.outcome()
 
     # ------------------------------------------------------------ logic
 
+    def _latest(self, load: float) -> Step | None:
+        return next((s for s in reversed(self.steps) if s.counted and s.load == load), None)
+
+    def _at(self, load: float) -> list[Step]:
+        return [s for s in self.steps if s.counted and s.load == load]
+
+    def _verdict(self, load: float) -> bool | None:
+        """The majority of the load's counted measurements; None for a tie."""
+        at = self._at(load)
+        ok = sum(s.passed for s in at)
+        return None if 2 * ok == len(at) else 2 * ok > len(at)
+
+    def _update_bracket(self) -> None:
+        """Each load's verdict is its measurements' majority (a tie fails); fails below the highest pass
+        are noise."""
+        loads = {s.load for s in self.steps if s.counted}
+        verdict = {x: bool(self._verdict(x)) for x in loads}
+        passes = [x for x, v in verdict.items() if v]
+        self.best_pass = max(passes) if passes else None
+        fails = [x for x, v in verdict.items() if not v and (self.best_pass is None or x > self.best_pass)]
+        self.first_fail = min(fails) if fails else None
+
+    def _search_steps(self) -> int:
+        """Steps counted against ``max_steps``: first attempts of ramp and bisection steps."""
+        return sum(1 for s in self.steps if s.phase != "confirm" and s.attempt == 1)
+
     def _round(self, x: float) -> float:
         return float(round(x)) if self.cfg.integer else x
 
-    def _propose(self) -> float | None:
+    def _confirmed(self, load: float) -> bool:
+        """At least two of the load's measurements, with different draws, agree with its verdict."""
+        v = self._verdict(load)
+        agree = {s.draw for s in self._at(load) if s.passed == v}
+        return v is not None and len(agree) >= 2
+
+    def _confirmation(self, lo: float, hi: float) -> _Proposal | None:
+        if not self.confirm or self.reopens >= self.max_reopens + 1:
+            return None
+        for end, want in ((lo, True), (hi, False)):
+            if not self._confirmed(end):
+                self._draws += 1
+                return _Proposal(end, "confirm", self._draws, want=want)
+        return None
+
+    def _propose(self) -> _Proposal | None:
         c = self.cfg
         lo, hi = self.best_pass, self.first_fail
-        if lo is not None and hi is not None and hi > lo:
-            self._phase = "bisect"
-            if self._converged(lo, hi):
-                return None
+        spent = self._search_steps() >= c.max_steps
+        if lo is not None and hi is not None:
+            conv = self._converged(lo, hi)
+            if conv or spent:
+                return self._confirmation(lo, hi)
             mid = self._round(self._interpolated(lo, hi) or math.sqrt(lo * hi))
             if c.integer and not lo < mid < hi:
                 mid = lo + 1
-            return mid if lo < mid < hi else None
-        if hi is not None and lo is not None:  # noise: a pass above a fail; search above the highest pass
-            self.first_fail = None
-            hi = None
-        if hi is None:  # everything so far passed: ramp up
-            last = max(s.load for s in self.steps)
-            if last >= c.max_load:
+            return _Proposal(mid, "bisect", self._fresh()) if lo < mid < hi else None
+        if spent:
+            return None
+        if hi is None and lo is not None:  # everything so far passed: ramp up
+            if lo >= c.max_load:
                 return None
-            nxt = self._round(last * c.growth)
-            if c.integer and nxt <= last:
-                nxt = last + 1
-            return min(nxt, c.max_load)
+            nxt = self._round(lo * c.growth)
+            if c.integer and nxt <= lo:
+                nxt = lo + 1
+            return _Proposal(min(nxt, c.max_load), "ramp", self._fresh())
         # everything so far failed: ramp down
-        low = min(s.load for s in self.steps)
+        low = min((s.load for s in self.steps if s.counted), default=c.start)
         if low <= c.min_load:
             return None
         nxt = self._round(low / c.growth)
         if c.integer and nxt >= low:
             nxt = low - 1
-        return max(nxt, c.min_load)
+        return _Proposal(max(nxt, c.min_load), "ramp", self._fresh())
+
+    def _fresh(self) -> int:
+        """Draw 0 (the common pattern) until a confirmation reopened the bracket, a fresh draw after."""
+        if not self.reopens:
+            return 0
+        self._draws += 1
+        return self._draws
 
     def _interpolated(self, lo: float, hi: float) -> float | None:
         """False position in log(load), log(margin) between the bracket's ends, or None for a bisection."""
@@ -157,51 +274,86 @@ class CapacitySearch:
         return lo * math.exp(f * width)
 
     def _margin(self, load: float, passed: bool) -> float | None:
-        for st in reversed(self.steps):
-            if st.load == load and st.passed == passed:
-                if not passed and st.result.stopped_early:
-                    # a step stopped at its breach reports a margin just over 1 by construction (a lower
-                    # bound taken the moment it crossed), which would drag every guess onto the fail end
-                    return None
-                m = st.result.margin
-                if m is None:
-                    return None
-                if not math.isfinite(m):
-                    return None if passed else 100.0
-                return m
-        return None
+        st = self._latest(load)
+        if st is None or st.passed != passed:
+            return None
+        if not passed and st.result.stopped_early:
+            # a step stopped at its breach reports a margin just over 1 by construction (a lower
+            # bound taken the moment it crossed), which would drag every guess onto the fail end
+            return None
+        m = st.result.margin
+        if m is None:
+            return None
+        if not math.isfinite(m):
+            return None if passed else 100.0
+        return m
 
     def _converged(self, lo: float, hi: float) -> bool:
         if self.cfg.integer and hi - lo <= 1:
             return True
         return (hi - lo) / lo <= self.cfg.tolerance
 
+    # ------------------------------------------------------------ the verdict
+
+    def _deciding(self, verdict: str) -> list[int]:
+        """The rated step and the first failure above it (rated), the highest pass (never_broke), with the
+        measurement each confirmed when they agree; every counted step (never_met)."""
+        counted = [s for s in self.steps if s.counted]
+        if verdict == "never_met":
+            return [s.index for s in counted]
+        keep: list[int] = []
+        for load in (self.best_pass, self.first_fail):
+            if load is not None:
+                v = bool(self._verdict(load))
+                keep += [s.index for s in self._at(load) if s.passed == v]
+        return sorted(keep)
+
     def outcome(self) -> SearchOutcome:
         c = self.cfg
         lo, hi, u = self.best_pass, self.first_fail, self.unit
         n = len(self.steps)
+        confirmed = None
         if lo is None:
-            low = min((s.load for s in self.steps), default=None)
+            low = min((s.load for s in self.steps if s.counted), default=None)
             reached = low is not None and low <= c.min_load
             text = (f"never met: the SLO broke at every load tried, down to {_fmt(low)} {u}"
                     if low is not None else "never met: no step was measured")
             if not reached and low is not None:
                 text += f" (the search stopped after {n} steps, before min_load {_fmt(c.min_load)} {u})"
-            return SearchOutcome("never_met", None, low, reached, list(self.steps), text)
-        if hi is None:
-            reached = lo >= c.max_load
+            verdict, rated, fail, conv = "never_met", None, low, reached
+        elif hi is None:
+            conv = lo >= c.max_load
             text = f"never broke: every SLO held up to {_fmt(lo)} {u}"
-            text += (" (max_load); the capacity is at least that" if reached else
+            text += (" (max_load); the capacity is at least that" if conv else
                      f" (the search stopped after {n} steps, before max_load {_fmt(c.max_load)} {u}); "
                      "the capacity is at least that")
-            return SearchOutcome("never_broke", lo, None, reached, list(self.steps), text)
-        conv = self._converged(lo, hi)
-        width = (hi - lo) / lo
-        text = (f"rated capacity {_fmt(lo)} {u}: every SLO held there and broke at {_fmt(hi)} {u} "
-                f"({100 * width:.1f}% above)")
-        if not conv:
-            text += f"; the step budget ended the bisection before the {100 * c.tolerance:g}% tolerance"
-        return SearchOutcome("rated", lo, hi, conv, list(self.steps), text)
+            verdict, rated, fail = "never_broke", lo, None
+        else:
+            conv = self._converged(lo, hi)
+            width = (hi - lo) / lo
+            text = (f"rated capacity {_fmt(lo)} {u}: every SLO held there and broke at {_fmt(hi)} {u} "
+                    f"({100 * width:.1f}% above)")
+            if not conv:
+                text += f"; the step budget ended the bisection before the {100 * c.tolerance:g}% tolerance"
+            if self.confirm:
+                confirmed = self._confirmed(lo) and self._confirmed(hi)
+                if not confirmed:
+                    text += f"; the bracket is unconfirmed ({self.reopens} reopening(s), the most allowed)"
+                elif self.reopens:
+                    text += f"; confirmed with fresh arrivals after {self.reopens} reopening(s)"
+                else:
+                    text += "; both ends confirmed with fresh arrivals"
+            verdict, rated, fail = "rated", lo, hi
+        deciding = self._deciding(verdict)
+        bad = [self.steps[i] for i in deciding if self.steps[i].disturbed]
+        out = SearchOutcome(verdict, rated, fail, conv, list(self.steps), text, verdict, confirmed, self.reopens,
+                            deciding)
+        if bad:
+            out.verdict = "invalid"
+            out.invalid_reason = (f"the verdict rests on step(s) {', '.join(str(s.index) for s in bad)}, still "
+                                  f"disturbed after {self.retries} re-measure(s): {bad[0].disturbed}")
+            out.text = f"INVALID ({out.invalid_reason}); the steps say: {text}"
+        return out
 
 
 def _fmt(x: float | None) -> str:
