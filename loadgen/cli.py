@@ -7,6 +7,7 @@
     slobench report RUN_DIR [RUN_B] [-o FILE]            report.html from a run folder (or A vs B)
     slobench gate RUN_DIR --baseline B [--rules R]       CI gate: exit 0 pass, 1 regression, 2 bad input
     slobench mock-server [--strict] [--ttft-ms ...]      a mock target with exact timing
+    slobench calibrate SCENARIO.yaml [--slots C ...]     the capacity search against a mock of known capacity
     slobench serve ...                                    the reference engine's server
     slobench generate PROMPT                              one offline generation with the engine
 
@@ -100,6 +101,17 @@ def _common_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-scrape", action="store_true", help="do not poll the target's /metrics")
     p.add_argument("--no-report", action="store_true", help="do not write report.html and requests.parquet")
     p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
+
+
+def _mock_queue_args(p: argparse.ArgumentParser, slots: int = 0, prefill: float = 0.0) -> None:
+    """The mock's queueing mode, on ``mock-server`` and ``calibrate``."""
+    p.add_argument("--slots", type=int, default=slots, metavar="C",
+                   help="queueing mode: serve at most C requests at once, the rest wait FIFO in arrival order; a "
+                        "request holds its slot until its last token (a FIFO C-server queue of known capacity; "
+                        f"default {slots}{': no queue' if not slots else ''})")
+    p.add_argument("--prefill-ms-per-token", type=float, default=prefill, metavar="MS",
+                   help="prefill time per prompt token: the first token comes --ttft-ms + MS x prompt tokens after "
+                        f"the request has its slot (default {prefill:g})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,6 +223,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "exact from the schedule, instead of the reference engine's timing object")
     p.add_argument("--no-responses", action="store_true",
                    help="no POST /v1/responses (a target without the Responses API)")
+    _mock_queue_args(p)
+
+    p = sub.add_parser("calibrate", help="check the capacity search: rate a queueing mock whose true capacity is "
+                                         "known by simulation, print rated vs true")
+    p.add_argument("scenario", type=Path, help="a synthetic, single-turn, open-loop scenario, e.g. "
+                                                "scenarios/calibrate.yaml")
+    p.add_argument("--ttft-ms", type=float, default=20.0, help="the mock's fixed prefill time (default 20)")
+    p.add_argument("--itl-ms", type=float, default=20.0, help="the mock's time between tokens (default 20)")
+    p.add_argument("--tokens", type=int, help="tokens per answer (default: the request's max_tokens)")
+    _mock_queue_args(p, slots=16, prefill=0.1)
+    p.add_argument("--seed", type=int, help="the scenario's seed (its arrival pattern)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario value by its dotted path (repeatable), e.g. search.step_duration_s=10")
+    p.add_argument("--truth-requests", type=int, default=50000, metavar="N",
+                   help="simulated requests per seed for the true capacity (default 50000)")
+    p.add_argument("--truth-seeds", type=int, default=4, metavar="K", help="simulated seeds (default 4)")
+    p.add_argument("--ideal-seeds", type=int, default=20, metavar="K",
+                   help="seeds over which to simulate a perfect search over the scenario's steps, the noise any "
+                        "search over such steps has (default 20; 0: skip)")
+    _output_args(p)
+    p.add_argument("--no-progress", action="store_true", help="no live display")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the comparison")
 
     sub.add_parser("serve", help="run the reference engine's OpenAI-compatible server (see serve --help)",
                    add_help=False)
@@ -225,13 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     # Imported on use: each command module pulls in only what its command needs (torch, pandas, rich).
+    from loadgen.commands.calibrate import cmd_calibrate
     from loadgen.commands.capacity import cmd_capacity
     from loadgen.commands.load_runs import cmd_replay, cmd_run
     from loadgen.commands.results import cmd_gate, cmd_report, cmd_summarize
     from loadgen.commands.targets import cmd_generate, cmd_mock_server
 
     return {"run": cmd_run, "replay": cmd_replay, "summarize": cmd_summarize, "capacity": cmd_capacity,
-            "mock-server": cmd_mock_server, "generate": cmd_generate, "report": cmd_report, "gate": cmd_gate}
+            "mock-server": cmd_mock_server, "generate": cmd_generate, "report": cmd_report, "gate": cmd_gate,
+            "calibrate": cmd_calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,10 +56,13 @@ def cmd_mock_server(args: argparse.Namespace) -> int:
         raise UsageError("--metrics-bytes must be >= 0")
     if args.reasoning_tokens < 0 or args.tokens_per_chunk < 1:
         raise UsageError("--reasoning-tokens must be >= 0 and --tokens-per-chunk >= 1")
+    if args.slots < 0 or args.prefill_ms_per_token < 0:
+        raise UsageError("--slots and --prefill-ms-per-token must be >= 0 (--slots 0: no queue)")
     serve(MockConfig(args.ttft_ms, args.itl_ms, args.tokens, args.model, strict=args.strict,
                      reject_fields=tuple(args.reject_field), metrics=args.metrics, metrics_bytes=args.metrics_bytes,
                      metrics_flavor=args.metrics_flavor, reasoning_tokens=args.reasoning_tokens,
                      reasoning_field=args.reasoning_field, tokens_per_chunk=args.tokens_per_chunk,
-                     per_request_metrics=args.per_request_metrics, responses=not args.no_responses),
+                     per_request_metrics=args.per_request_metrics, responses=not args.no_responses,
+                     slots=args.slots, prefill_ms_per_token=args.prefill_ms_per_token),
           args.host, args.port)
     return EXIT_OK

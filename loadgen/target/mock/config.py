@@ -21,6 +21,14 @@ class MockConfig:
     tokens_per_chunk: int = 1  # each chunk carries K tokens' text (speculative decoding, stream intervals)
     per_request_metrics: bool = False  # vLLM's per-request `metrics` object in the final chunk (not `timing`)
     responses: bool = True  # answer POST /v1/responses (the Responses API, streamed)
+    # queueing mode (``slots`` > 0): at most ``slots`` requests are served at once, the rest wait FIFO; the
+    # first token comes ``ttft_ms + prefill_ms_per_token x prompt tokens`` after the request has a slot
+    slots: int = 0  # 0: no queue, every request is served at once (the default mode)
+    prefill_ms_per_token: float = 0.0
+
+    def prefill_ms(self, n_in: int) -> float:
+        """A request's time from its slot (its arrival without a queue) to its first token."""
+        return self.ttft_ms + self.prefill_ms_per_token * n_in
 
 
 # The OpenAI request schema, per endpoint (openai-python's CompletionCreateParams): what a strict server knows.

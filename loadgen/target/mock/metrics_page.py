@@ -1,8 +1,10 @@
 """The mock server's Prometheus page in one server's names (``--metrics-flavor``: the reference engine's
 ``vllm:`` series by default, or SGLang's, TGI's or trtllm-serve's), and padding to bench a large page.
 
-Every finished request is observed with exact, known values: queue 0, prefill = the mock's TTFT, decode =
-the rest of the stream, so a test can assert the breakdown each server's histograms give. trtllm-serve's
+Every finished request is observed with exact, known values: queue = the time it waited for a slot (0
+without ``--slots``), prefill = the mock's TTFT after that, decode = the rest of the stream, so a test can
+assert the breakdown each server's histograms give. The running and waiting gauges count the requests
+being served and those queued for a slot. trtllm-serve's
 page is at ``/prometheus/metrics`` (its ``/metrics`` answers JSON iteration stats, ``[]`` here)."""
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ FLAVORS = ("vllm", "sglang", "tgi", "trtllm")
 
 
 class MockMetrics:
-    """The page's series; ``start()`` when a request starts, ``abort()`` when its client leaves,
-    ``finish()`` when it ends."""
+    """The page's series; ``queued(+1 / -1)`` as a request starts and stops waiting for a slot, ``start()``
+    when it is served, ``abort()`` when its client leaves, ``finish()`` when it ends."""
 
     def __init__(self, model: str, flavor: str = "vllm") -> None:
         if flavor not in FLAVORS:
@@ -36,8 +38,7 @@ class MockMetrics:
         g_run = Gauge(running, "Requests running", lab, registry=r)
         g_wait = Gauge(waiting, "Requests waiting", lab, registry=r)
         self.running = g_run.labels(**labels) if labels else g_run
-        if labels:
-            g_wait.labels(**labels)  # the series exists, at 0
+        self.waiting = g_wait.labels(**labels) if labels else g_wait  # the series exists, at 0
 
     def _counters(self, prompt: str, gen: str, labels: dict[str, str]) -> None:
         lab = list(labels)
@@ -78,20 +79,25 @@ class MockMetrics:
                            ("decode", "request_decode_time")):
             self._h(part, f"trtllm_{name}_seconds", lab)
 
+    def queued(self, delta: int) -> None:
+        self.waiting.inc(delta)
+
     def start(self) -> None:
         self.running.inc()
 
     def abort(self) -> None:
         self.running.dec()
 
-    def finish(self, ttft_s: float, decode_s: float, n_in: int, n_out: int) -> None:
-        """A request ended: queue 0, prefill ``ttft_s``, decode ``decode_s``, in this flavour's histograms."""
+    def finish(self, prefill_s: float, decode_s: float, n_in: int, n_out: int, queue_s: float = 0.0) -> None:
+        """A request ended: queue ``queue_s``, prefill ``prefill_s``, decode ``decode_s``, in this flavour's
+        histograms (TTFT and end to end from arrival, TGI's inference from its slot)."""
         self.running.dec()
         if self.prompt is not None:
             self.prompt.inc(n_in)
             self.gen.inc(n_out)
-        values = {"queue": 0.0, "validation": 0.0, "prefill": ttft_s, "prefill_batch": ttft_s, "ttft": ttft_s,
-                  "decode": decode_s, "e2e": ttft_s + decode_s, "inference": ttft_s + decode_s,
+        ttft_s = queue_s + prefill_s
+        values = {"queue": queue_s, "validation": 0.0, "prefill": prefill_s, "prefill_batch": prefill_s,
+                  "ttft": ttft_s, "decode": decode_s, "e2e": ttft_s + decode_s, "inference": prefill_s + decode_s,
                   "per_token": (ttft_s + decode_s) / max(1, n_out)}
         for part, h in self._hist.items():
             h.observe(values[part])

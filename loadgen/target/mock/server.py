@@ -11,6 +11,11 @@ that is not a string a 400, ``usage`` comes only with ``stream_options.include_u
 ``timing`` and no ``/metrics``; it also answers ``stream: false``. Its refusals are OpenAI's error JSON
 (``transformers serve`` answers FastAPI's ``{"detail": ...}``). The default mode is untouched by it.
 
+``slots`` > 0 is the queueing mode (``mock.slots``): at most that many requests are served at once, the
+rest wait FIFO; a request's schedule (first token ``ttft_ms + prefill_ms_per_token x prompt tokens``
+after its slot, then ``itl_ms`` apart) counts from its slot, and it holds the slot until its last token.
+``/metrics`` then shows the running and waiting counts, and the time waited as queue time.
+
 It is a bare asyncio protocol (HTTP/1.1 keep-alive, chunked SSE responses, each token one
 ``transport.write`` from a timer callback) rather than an aiohttp app: the mock must be several times
 cheaper per token than the client it measures, and aiohttp's per-chunk coroutine machinery was not.
@@ -27,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from loadgen.target.mock.config import MockConfig, strict_check
 from loadgen.target.mock.metrics_page import MockMetrics, metrics_padding
+from loadgen.target.mock.slots import SlotQueue, Ticket
 from loadgen.target.mock.stream import plan_responses, plan_stream
 from loadgen.target.mock.wire import SSE_HEAD, STREAM_END, error, response
 
@@ -38,10 +44,11 @@ class _Server:
         self.created = int(time.time())
         self.serve_metrics = cfg.metrics if cfg.metrics is not None else not cfg.strict
         self.padding = metrics_padding(cfg.metrics_bytes)  # built once: a scrape costs the write, not the build
+        self.slots = SlotQueue(cfg.slots, self.metrics) if cfg.slots > 0 else None  # queueing mode
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("srv", "loop", "tr", "buf", "busy", "handle", "closed")
+    __slots__ = ("srv", "loop", "tr", "buf", "busy", "handle", "closed", "ticket")
 
     def __init__(self, srv: _Server):
         self.srv = srv
@@ -51,6 +58,7 @@ class _Conn(asyncio.Protocol):
         self.busy = False  # a stream is being written: the next request waits (no pipelining mid-stream)
         self.handle = None
         self.closed = False
+        self.ticket: Ticket | None = None  # queueing mode: this connection's request's place
 
     def connection_made(self, transport) -> None:
         self.tr = transport
@@ -61,6 +69,25 @@ class _Conn(asyncio.Protocol):
             self.handle.cancel()
             self.handle = None
             self.srv.metrics.abort()
+        if self.ticket is not None:
+            self.srv.slots.leave(self.ticket, self.loop.time())
+            self.ticket = None
+
+    def _admit(self, t_arrive: float, serve) -> None:
+        """Serve the request now (no queue), or when the slot queue gives it a slot: ``serve(start_s)``."""
+        if self.srv.slots is None:
+            serve(t_arrive)
+        else:
+            self.ticket = self.srv.slots.arrive(t_arrive, serve)
+
+    def _done(self, t_free: float) -> None:
+        """The answer is written; its slot is free from ``t_free`` (its last token's due time)."""
+        if self.ticket is not None:
+            ticket, self.ticket = self.ticket, None
+            self.srv.slots.finish(ticket, t_free)
+        self.busy = False
+        if self.buf:
+            self._next()
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -147,27 +174,30 @@ class _Conn(asyncio.Protocol):
                     "object": "chat.completion.chunk" if chat else "text_completion"}
             plan = plan_stream(cfg, req, chat, head, n_out, n_in)
         emissions = plan.emissions
-        ttft = cfg.ttft_ms / 1000.0
+        prefill = cfg.prefill_ms(n_in) / 1000.0
         self.busy = True
-        srv.metrics.start()
         self.tr.write(SSE_HEAD + plan.opening)
 
-        def emit(k: int) -> None:
-            if self.closed:
-                return
-            if k < len(emissions) - 1:
-                self.tr.write(emissions[k][1])
-                self.handle = self.loop.call_at(t_arrive + emissions[k + 1][0], emit, k + 1)
-                return
-            self.handle = None
-            decode_ms = max(0.0, (self.loop.time() - t_arrive - ttft) * 1000.0)
-            self.tr.write(emissions[k][1] + plan.closing(decode_ms) + STREAM_END)
-            srv.metrics.finish(ttft, decode_ms / 1000.0, n_in, n_out)
-            self.busy = False
-            if self.buf:
-                self._next()
+        def serve(t_start: float) -> None:  # the request has its slot (at once without a queue)
+            queue_s = t_start - t_arrive
+            srv.metrics.start()
 
-        self.handle = self.loop.call_at(t_arrive + emissions[0][0], emit, 0)
+            def emit(k: int) -> None:
+                if self.closed:
+                    return
+                if k < len(emissions) - 1:
+                    self.tr.write(emissions[k][1])
+                    self.handle = self.loop.call_at(t_start + emissions[k + 1][0], emit, k + 1)
+                    return
+                self.handle = None
+                decode_ms = max(0.0, (self.loop.time() - t_start - prefill) * 1000.0)
+                self.tr.write(emissions[k][1] + plan.closing(decode_ms, queue_s * 1000.0) + STREAM_END)
+                srv.metrics.finish(prefill, decode_ms / 1000.0, n_in, n_out, queue_s)
+                self._done(t_start + emissions[k][0])
+
+            self.handle = self.loop.call_at(t_start + emissions[0][0], emit, 0)
+
+        self._admit(t_arrive, serve)
 
     def _lengths(self, req: dict, chat: bool, prompt) -> tuple[int, int]:
         """(output tokens, prompt tokens) of a request: --tokens or max_tokens (max_output_tokens for the
@@ -190,21 +220,25 @@ class _Conn(asyncio.Protocol):
         body = {"id": f"cmpl-{id(self):x}{int(t_arrive * 1e6):x}", "created": srv.created, "model": cfg.model,
                 "object": "chat.completion" if chat else "text_completion", "choices": [choice],
                 "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}}
-        ttft = cfg.ttft_ms / 1000.0
+        prefill = cfg.prefill_ms(n_in) / 1000.0
         self.busy = True
-        srv.metrics.start()
 
-        def done() -> None:
-            self.handle = None
-            if self.closed:
-                return
-            self.tr.write(response(200, json.dumps(body).encode()))
-            srv.metrics.finish(ttft, max(0.0, self.loop.time() - t_arrive - ttft), n_in, n_out)
-            self.busy = False
-            if self.buf:
-                self._next()
+        def serve(t_start: float) -> None:
+            srv.metrics.start()
+            t_end = t_start + prefill + (n_out - 1) * cfg.itl_ms / 1000.0
 
-        self.handle = self.loop.call_at(t_arrive + ttft + (n_out - 1) * cfg.itl_ms / 1000.0, done)
+            def done() -> None:
+                self.handle = None
+                if self.closed:
+                    return
+                self.tr.write(response(200, json.dumps(body).encode()))
+                srv.metrics.finish(prefill, max(0.0, self.loop.time() - t_start - prefill), n_in, n_out,
+                                   t_start - t_arrive)
+                self._done(t_end)
+
+            self.handle = self.loop.call_at(t_end, done)
+
+        self._admit(t_arrive, serve)
 
 
 async def _serve(cfg: MockConfig, host: str, port: int, ready=None) -> None:
@@ -223,8 +257,10 @@ def serve(cfg: MockConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
         new_loop = uvloop.new_event_loop
     except ImportError:  # pragma: no cover
         new_loop = asyncio.new_event_loop
+    queue = (f", {cfg.slots} slots FIFO, prefill {cfg.prefill_ms_per_token} ms/token" if cfg.slots
+             else f", prefill {cfg.prefill_ms_per_token} ms/token" if cfg.prefill_ms_per_token else "")
     print(f"mock server on http://{host}:{port} (ttft {cfg.ttft_ms} ms, itl {cfg.itl_ms} ms, "
-          f"tokens {cfg.tokens or 'max_tokens'}{', strict' if cfg.strict else ''})", flush=True)
+          f"tokens {cfg.tokens or 'max_tokens'}{queue}{', strict' if cfg.strict else ''})", flush=True)
     loop = new_loop()
     try:
         loop.run_until_complete(_serve(cfg, host, port))

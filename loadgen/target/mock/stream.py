@@ -6,9 +6,11 @@ request arrived (on an absolute schedule, so timer overshoot never accumulates),
 The schedule, exact and known: the answer's ``n_out`` tokens are grouped into chunks of
 ``tokens_per_chunk`` (K), the first ``reasoning_tokens`` (R) as reasoning chunks (chat:
 ``delta.reasoning_content`` or ``delta.reasoning``; Responses: ``response.reasoning_text.delta``) and the
-rest as answer chunks, no chunk mixing the two. The first chunk is due at ``ttft_ms``; every later chunk
-of k tokens ``k × itl_ms`` after the one before, so every token's ITL is exactly ``itl_ms``. With K = 1
-the first answer token is due at ``ttft_ms + R × itl_ms``.
+rest as answer chunks, no chunk mixing the two. The first chunk is due at ``ttft_ms`` (plus
+``prefill_ms_per_token`` x the prompt's tokens); every later chunk of k tokens ``k × itl_ms`` after the one
+before, so every token's ITL is exactly ``itl_ms``. With K = 1 the first answer token is due at
+``ttft_ms + R × itl_ms``. The times count from the request's slot (queueing mode, ``mock.slots``), which is
+its arrival when there is no queue; ``closing`` is told the time it waited for the slot.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ DONE = chunk(b"data: [DONE]\n\n")
 class StreamPlan:
     opening: bytes  # written with the response head (a strict chat server's role chunk)
     emissions: list[tuple[float, bytes]]  # (seconds after arrival, the chunks due then), in time order
-    closing: Callable[[float], bytes]  # decode ms → the last bytes: usage, timing, [DONE]
+    closing: Callable[..., bytes]  # (decode ms, queue ms=0) → the last bytes: usage, timing, [DONE]
     n_out: int
     n_in: int
 
@@ -41,9 +43,10 @@ def token_groups(cfg: MockConfig, n_out: int, reasoning: bool) -> list[tuple[int
     return out + [(min(k, n_out - r - i), False) for i in range(0, n_out - r, k)]
 
 
-def due_times(cfg: MockConfig, groups: list[tuple[int, bool]]) -> list[float]:
-    """Seconds after arrival each chunk is due: the first at ttft, each later one its tokens × itl after."""
-    ttft, itl = cfg.ttft_ms / 1000.0, cfg.itl_ms / 1000.0
+def due_times(cfg: MockConfig, groups: list[tuple[int, bool]], n_in: int = 0) -> list[float]:
+    """Seconds after its slot each chunk is due: the first at the prefill time (``cfg.prefill_ms``), each
+    later one its tokens × itl after."""
+    ttft, itl = cfg.prefill_ms(n_in) / 1000.0, cfg.itl_ms / 1000.0
     out, t = [], ttft
     for i, (k, _) in enumerate(groups):
         t = ttft if i == 0 else t + k * itl
@@ -51,13 +54,15 @@ def due_times(cfg: MockConfig, groups: list[tuple[int, bool]]) -> list[float]:
     return out
 
 
-def vllm_metrics(cfg: MockConfig, groups: list[tuple[int, bool]], n_out: int) -> dict[str, float]:
-    """vLLM's per-request ``metrics`` object (``--enable-per-request-metrics``) for this schedule: no
-    queue, prefill = ttft, generation = first token to last."""
-    due = due_times(cfg, groups)
+def vllm_metrics(cfg: MockConfig, groups: list[tuple[int, bool]], n_out: int, n_in: int = 0,
+                 queue_ms: float = 0.0) -> dict[str, float]:
+    """vLLM's per-request ``metrics`` object (``--enable-per-request-metrics``) for this schedule: the
+    queue it waited, first token after queue + prefill, generation = first token to last."""
+    due = due_times(cfg, groups, n_in)
     gen_ms = (due[-1] - due[0]) * 1000.0 if due else 0.0
-    out = {"queue_time_ms": 0.0, "time_to_first_token_ms": cfg.ttft_ms, "generation_time_ms": gen_ms,
-           "tokens_per_second": n_out / (cfg.ttft_ms + gen_ms) * 1000.0 if cfg.ttft_ms + gen_ms > 0 else 0.0}
+    ttft = queue_ms + cfg.prefill_ms(n_in)
+    out = {"queue_time_ms": queue_ms, "time_to_first_token_ms": ttft, "generation_time_ms": gen_ms,
+           "tokens_per_second": n_out / (ttft + gen_ms) * 1000.0 if ttft + gen_ms > 0 else 0.0}
     if n_out > 1:
         out["mean_itl_ms"] = gen_ms / (n_out - 1)
     return out
@@ -88,12 +93,12 @@ def plan_stream(cfg: MockConfig, req: dict[str, Any], chat: bool, head: dict[str
         opening = sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                             "finish_reason": None}]})
     emissions, done = [], 0
-    for i, (t, (k, think)) in enumerate(zip(due_times(cfg, groups), groups, strict=True)):
+    for i, (t, (k, think)) in enumerate(zip(due_times(cfg, groups, n_in), groups, strict=True)):
         done += k
         emissions.append((t, content(k, think, "length" if i == len(groups) - 1 else None, done)))
     n_think = sum(k for k, think in groups if think)
 
-    def closing(decode_ms: float) -> bytes:
+    def closing(decode_ms: float, queue_ms: float = 0.0) -> bytes:
         out = []
         if usage:
             u: dict[str, Any] = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
@@ -101,9 +106,9 @@ def plan_stream(cfg: MockConfig, req: dict[str, Any], chat: bool, head: dict[str
                 u["completion_tokens_details"] = {"reasoning_tokens": n_think}
             final = {**head, "choices": [], "usage": u}
             if cfg.per_request_metrics:  # vLLM --enable-per-request-metrics: on the final usage chunk
-                final["metrics"] = vllm_metrics(cfg, groups, n_out)
+                final["metrics"] = vllm_metrics(cfg, groups, n_out, n_in, queue_ms)
             elif not cfg.strict and cfg.metrics_flavor == "vllm":  # the reference engine's extension only
-                final["timing"] = {"queue_ms": 0.0, "prefill_ms": cfg.ttft_ms, "decode_ms": decode_ms,
+                final["timing"] = {"queue_ms": queue_ms, "prefill_ms": cfg.prefill_ms(n_in), "decode_ms": decode_ms,
                                    "tier": req.get("service_tier") or "standard"}
             out.append(sse(final))
         out.append(DONE)
@@ -127,7 +132,7 @@ def plan_responses(cfg: MockConfig, req: dict[str, Any], rid: str, created: int,
             "output": [], "usage": None, "error": None}
     opening = _event({"type": "response.created", "sequence_number": next(seq), "response": resp})
     emissions = []
-    for t, (k, think) in zip(due_times(cfg, groups), groups, strict=True):
+    for t, (k, think) in zip(due_times(cfg, groups, n_in), groups, strict=True):
         kind = "response.reasoning_text.delta" if think else "response.output_text.delta"
         item = f"rs_{rid}" if think else f"msg_{rid}"
         emissions.append((t, _event({"type": kind, "item_id": item, "output_index": 0 if think else 1,
@@ -135,7 +140,7 @@ def plan_responses(cfg: MockConfig, req: dict[str, Any], rid: str, created: int,
     n_think = sum(k for k, think in groups if think)
     text = " tok" * (n_out - n_think)
 
-    def closing(decode_ms: float) -> bytes:
+    def closing(decode_ms: float, queue_ms: float = 0.0) -> bytes:
         usage = {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n_out,
                  "output_tokens_details": {"reasoning_tokens": n_think}, "total_tokens": n_in + n_out}
         message = {"type": "message", "id": f"msg_{rid}", "status": "completed", "role": "assistant",
