@@ -1,0 +1,266 @@
+"""The rated capacity as an estimate with a confidence interval, from every step of a capacity search.
+
+The search brackets the capacity between a passing and a failing load; this module asks where, between
+and around them, the SLO actually breaks, and how sure the steps are of it:
+
+- **Margin against load.** For each judged SLO (tier, metric), each counted step gives a *margin*: its
+  judged quantile / the threshold (> 1 breaks; a quantile on a failed request is capped at
+  ``MARGIN_CAP``). The load is the step's *offered* rate (rate axis: ``offered_rps``, else its window's
+  requests / window length) or its users (concurrency axis).
+- **Isotonic fit.** log(margin) is fitted against load with a non-decreasing step function
+  (pool-adjacent-violators, weighted by each step's judged requests): more load never helps, and noise
+  that says otherwise is pooled away. Steps at the same load are pooled first.
+- **Crossing.** The capacity for one SLO is where the fit crosses margin 1, interpolated in log(load) /
+  log(margin) between the last fitted point at or under 1 and the first over it. The rated estimate is
+  the lowest crossing over every SLO; ``binding`` names the SLO it belongs to. When every step passes
+  (or fails) the crossing lies outside the loads tried: the estimate is the highest (lowest) load tried,
+  and ``open`` says ``"above"`` (``"below"``).
+- **Bootstrap.** Each replicate resamples, for every step and SLO, the step's own requests' SLO values
+  (``latency.slo_values`` of its window's records in ``requests.jsonl``, by ``stage``) with replacement,
+  takes the quantile again, refits and takes the lowest crossing; ``ci_low`` / ``ci_high`` are the
+  replicates' percentiles at the confidence level (0.95: 2.5 % and 97.5 %), widened to the estimate in
+  the rare case the percentiles leave it out. Seeded: the same run gives the same interval. A step without its records
+  (a summary read alone) varies instead as a log-normal around its quantile whose width is its own
+  bootstrap interval (``ci_low_ms`` / ``ci_high_ms``); ``method`` says which were used. A lower-bound
+  margin (a step stopped at its breach) is resampled as what it is, so the interval is, if anything,
+  too low, never too high.
+- **Boundary.** ``margin_load_ratio`` = load at margin 1.2 / load at margin 0.8 on the binding SLO's fit
+  (log-log interpolation; where the fit does not reach one of them, the slope of the segment that
+  crosses 1 extends it). ``boundary`` is ``"cliff"`` when that ratio is at most ``CLIFF_RATIO`` (1.10:
+  the SLO goes from 20 % spare to 20 % over within 10 % more load), ``"gradual"`` otherwise. Lower-bound
+  margins make a boundary look gentler, never sharper.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from loadgen.results import latency
+
+MARGIN_CAP = 10.0  # a margin above this (a quantile on a failed request: inf) counts as this
+CLIFF_RATIO = 1.10  # load(margin 1.2) / load(margin 0.8) at most this: a cliff
+N_BOOT = 1000
+_CHUNK = 200  # replicates resampled at once (memory: chunk x requests of a step)
+
+
+def isotonic(y: Sequence[float], w: Sequence[float] | None = None) -> np.ndarray:
+    """The non-decreasing sequence closest to ``y`` in weighted least squares (pool adjacent violators)."""
+    y = np.asarray(y, dtype=float)
+    w = np.ones_like(y) if w is None else np.asarray(w, dtype=float)
+    vals: list[float] = []
+    wts: list[float] = []
+    sizes: list[int] = []
+    for yi, wi in zip(y, w, strict=True):
+        vals.append(float(yi))
+        wts.append(float(wi))
+        sizes.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            wsum = wts[-2] + wts[-1]
+            v = (vals[-2] * wts[-2] + vals[-1] * wts[-1]) / wsum if wsum > 0 else (vals[-2] + vals[-1]) / 2
+            n = sizes[-2] + sizes[-1]
+            del vals[-1], wts[-1], sizes[-1]
+            vals[-1], wts[-1], sizes[-1] = v, wsum, n
+    return np.repeat(vals, sizes)
+
+
+def level_crossing(x: Sequence[float], g: Sequence[float], level: float = 0.0) -> float | None:
+    """Where the non-decreasing fit ``g`` (of log margin, at sorted loads ``x``) first rises over
+    ``level``: interpolated in log(load) between the last point at or under it and the first over it;
+    None when it is over it already at the first point or never gets over it."""
+    if len(x) == 0 or g[0] > level or g[-1] <= level:
+        return None
+    j = next(i for i, v in enumerate(g) if v > level)
+    gi, gj = g[j - 1], g[j]
+    t = (level - gi) / (gj - gi)
+    return float(math.exp(math.log(x[j - 1]) + t * (math.log(x[j]) - math.log(x[j - 1]))))
+
+
+def crossing(x: Sequence[float], logm: Sequence[float], w: Sequence[float]) -> tuple[float, str | None]:
+    """(load where the isotonic fit of log margin crosses 0, None | "above" | "below" when it does not
+    cross within the loads: the highest / lowest load tried)."""
+    g = isotonic(logm, w)
+    c = level_crossing(x, g)
+    if c is not None:
+        return c, None
+    return (float(x[-1]), "above") if g[-1] <= 0 else (float(x[0]), "below")
+
+
+def margin_load_ratio(x: Sequence[float], logm: Sequence[float], w: Sequence[float]) -> float | None:
+    """Load at margin 1.2 / load at margin 0.8 on the fit (see the module's docstring)."""
+    g = isotonic(logm, w)
+    c = level_crossing(x, g)
+    if c is None:
+        return None
+    j = next(i for i, v in enumerate(g) if v > 0)
+    lx = math.log(x[j]) - math.log(x[j - 1])
+    slope = (g[j] - g[j - 1]) / lx if lx > 0 else math.inf  # d log margin / d log load across 1
+    out = []
+    for level in (math.log(0.8), math.log(1.2)):
+        at = level_crossing(x, g, level)
+        if at is None:
+            at = c * math.exp((level / slope) if slope > 0 else 0.0)
+        out.append(at)
+    return out[1] / out[0] if out[0] > 0 else None
+
+
+def step_load(step: Mapping[str, Any], axis: str) -> float | None:
+    """The load a step is placed at: its offered rate (rate axis) or its users (concurrency axis)."""
+    if axis == "concurrency":
+        return _num(step.get("load"))
+    offered = _num(step.get("offered_rps"))
+    if offered is not None and offered > 0:
+        return offered
+    w = step.get("window_s")
+    n = _num(step.get("requests"))
+    if isinstance(w, Sequence) and len(w) == 2 and n and w[1] > w[0]:
+        return n / (w[1] - w[0])
+    return _num(step.get("load"))
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _margin(q_ms: float | None, threshold: float) -> float:
+    m = math.inf if q_ms is None else q_ms / threshold
+    return float(min(max(m, 1e-6), MARGIN_CAP))
+
+
+def _boot_margins(values: np.ndarray | None, judged: Mapping[str, Any], q: float, n_boot: int,
+                  rng: np.random.Generator, z: float) -> tuple[np.ndarray, str]:
+    """n_boot log margins of one step and SLO: its requests resampled, or its interval as a log-normal."""
+    thr = float(judged["threshold_ms"])
+    if values is not None and values.size:
+        big = np.finfo(float).max / 4
+        v = np.where(np.isfinite(values), values, big)
+        out = np.empty(n_boot)
+        for a in range(0, n_boot, _CHUNK):
+            b = min(n_boot, a + _CHUNK)
+            rows = np.sort(v[rng.integers(0, v.size, size=(b - a, v.size))], axis=1)
+            est = latency.quantile_of_sorted(rows, q)
+            out[a:b] = np.where(est < big / 2, est / thr, MARGIN_CAP)
+        return np.log(np.clip(out, 1e-6, MARGIN_CAP)), "requests"
+    m = _margin(judged.get("value_ms_q"), thr)
+    lo, hi = _num(judged.get("ci_low_ms")), _num(judged.get("ci_high_ms"))
+    sigma = (math.log(hi) - math.log(lo)) / (2 * z) if lo and hi and hi > lo > 0 else 0.0
+    return np.clip(math.log(m) + sigma * rng.standard_normal(n_boot), math.log(1e-6), math.log(MARGIN_CAP)), "interval"
+
+
+def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
+         records: Mapping[int, Sequence[Mapping[str, Any]]] | None = None, *, confidence: float = 0.95,
+         n_boot: int = N_BOOT, seed: int = 0) -> dict[str, Any] | None:
+    """The rated capacity's estimate, interval, boundary and binding SLO from a capacity summary's
+    ``steps`` (counted ones: a step re-measured because it was disturbed is left out) and, when given,
+    the run's records by stage. None when no step judged an SLO."""
+    pts: dict[tuple[str, str], list[tuple[float, float, float, dict, float, int]]] = {}
+    for st in steps:
+        if st.get("counted") is False:
+            continue
+        x = step_load(st, axis)
+        if x is None or x <= 0:
+            continue
+        for tier, e in (st.get("tiers") or {}).items():
+            for metric, j in (e.get("judged") or {}).items():
+                if not j.get("n") or not _num(j.get("threshold_ms")):
+                    continue
+                m = _margin(j.get("value_ms_q"), float(j["threshold_ms"]))
+                q = float(e.get("quantile") or 0.99)
+                pts.setdefault((tier, metric), []).append((x, math.log(m), float(j["n"]), j, q, st.get("index")))
+    if not pts:
+        return None
+    z = _z(confidence)
+    rng = np.random.default_rng(seed)
+    methods = set()
+    est: dict[tuple[str, str], tuple[float, str | None]] = {}
+    boot = np.full(n_boot, math.inf)
+    loads_all: list[float] = []
+    for key, rows in sorted(pts.items()):
+        rows.sort(key=lambda r: r[0])
+        x = np.asarray([r[0] for r in rows])
+        lm = np.asarray([r[1] for r in rows])
+        w = np.asarray([r[2] for r in rows])
+        loads_all += list(x)
+        ux, inv = np.unique(x, return_inverse=True)
+        est[key] = crossing(ux, _pool(lm, w, inv, len(ux)), np.bincount(inv, w))
+        sims = np.empty((n_boot, len(rows)))
+        for k, (_x, _lm, _w, j, q, idx) in enumerate(rows):
+            vals = _values(records, idx, key, j) if records is not None else None
+            sims[:, k], how = _boot_margins(vals, j, q, n_boot, rng, z)
+            methods.add(how)
+        wu = np.bincount(inv, w)
+        for b in range(n_boot):
+            boot[b] = min(boot[b], crossing(ux, _pool(sims[b], w, inv, len(ux)), wu)[0])
+    binding = min(est, key=lambda k: est[k][0])
+    value, open_end = est[binding]
+    a = (1.0 - confidence) / 2.0
+    lo, hi = (float(np.quantile(boot, a)), float(np.quantile(boot, 1.0 - a)))
+    rows = sorted(pts[binding], key=lambda r: r[0])
+    ux, inv = np.unique([r[0] for r in rows], return_inverse=True)
+    w = np.asarray([r[2] for r in rows])
+    ratio = margin_load_ratio(ux, _pool(np.asarray([r[1] for r in rows]), w, inv, len(ux)), np.bincount(inv, w))
+    return {
+        "estimate": value, "ci_low": min(lo, value), "ci_high": max(hi, value), "confidence": confidence,
+        "of": "concurrency" if axis == "concurrency" else "rate_rps",
+        "open": open_end,
+        "binding": {"tier": binding[0], "metric": binding[1]},
+        "crossings": [{"tier": t, "metric": m, "load": v, "open": o} for (t, m), (v, o) in sorted(est.items())],
+        "boundary": None if ratio is None else ("cliff" if ratio <= CLIFF_RATIO else "gradual"),
+        "margin_load_ratio": ratio,
+        "method": "isotonic fit of log(margin) on " + ("users" if axis == "concurrency" else "offered rate")
+                  + f"; bootstrap ({n_boot}) of " + " and ".join(
+                      {"requests": "each step's requests", "interval": "each step's quantile interval"}[m]
+                      for m in sorted(methods, reverse=True)),
+        "n_boot": n_boot, "seed": seed,
+    }
+
+
+def _pool(lm: np.ndarray, w: np.ndarray, inv: np.ndarray, n: int) -> np.ndarray:
+    """Weighted means of the points at each distinct load."""
+    wsum = np.bincount(inv, w, minlength=n)
+    s = np.bincount(inv, lm * w, minlength=n)
+    plain = np.bincount(inv, lm, minlength=n) / np.bincount(inv, minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(wsum > 0, s / wsum, plain)
+
+
+def _values(records: Mapping[int, Sequence[Mapping[str, Any]]], index: Any, key: tuple[str, str],
+            judged: Mapping[str, Any]) -> np.ndarray | None:
+    """The SLO values of one step's window for one tier and metric, or None when the records do not match
+    the step's judgement (more than 1 % or 2 requests apart, say a window edge rounded in the summary:
+    then its interval is used instead)."""
+    window = records.get(index)
+    if not window:
+        return None
+    tier, metric = key
+    v = latency.slo_values([r for r in window if (r.get("tier") or "none") == tier], metric)
+    n = judged.get("n") or 0
+    return v if v.size and abs(v.size - n) <= max(2, 0.01 * n) else None
+
+
+def window_records(steps: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str, Any]]) -> dict[int, list]:
+    """Each step's judged records: its stage's records scheduled inside its window."""
+    win = {}
+    for st in steps:
+        w = st.get("window_s")
+        if isinstance(st.get("index"), int) and isinstance(w, Sequence) and len(w) == 2:
+            win[st["index"]] = (float(w[0]), float(w[1]))
+    out: dict[int, list] = {i: [] for i in win}
+    for r in records:
+        i = r.get("stage")
+        if i in win and win[i][0] <= r.get("scheduled_s", -math.inf) < win[i][1]:
+            out[i].append(r)
+    return out
+
+
+def _z(confidence: float) -> float:
+    """The standard normal quantile of (1 + confidence) / 2 (no scipy: bisection on erf)."""
+    target = (1.0 + confidence) / 2.0
+    lo, hi = 0.0, 10.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < target else (lo, mid)
+    return (lo + hi) / 2
