@@ -112,7 +112,7 @@ def _pct(x: float | None) -> str:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from loadgen.capacity.plan import CapacityPlan
     from loadgen.capacity.run import run_capacity
-    from loadgen.capacity.truth import QueueTruth, TruthError
+    from loadgen.capacity.truth import QueueTruth, TruthError, check_scenario
     from loadgen.results.rundir import json_default, write_summary
     from loadgen.scenario.model import ScenarioError
     from loadgen.scenario.parse import load_scenario
@@ -128,6 +128,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.seed is not None:
             scn.seed = args.seed
         CapacityPlan.from_scenario(scn)
+        check_scenario(scn)  # before anything runs: a scenario the simulation cannot stand for
         t0 = time.monotonic()
         say = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
         say(f"simulating the mock's queue ({q.slots} slots) for {scn.name}: {args.truth_seeds} x "

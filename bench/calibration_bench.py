@@ -1,0 +1,93 @@
+"""The capacity search against a target of known capacity: ``slobench calibrate`` with its default settings
+for several seeds, rated vs true.
+
+    python bench/calibration_bench.py [--scenario scenarios/calibrate.yaml] [--seeds 0 1 2]
+                                      [--out bench/results/calibration.json] [-- EXTRA calibrate FLAGS]
+
+Each seed is one ``slobench calibrate`` run as a user runs it (a subprocess: its own mock in queueing
+mode, the exact simulation's true capacity, the ordinary capacity search), with the seed as the
+scenario's arrival pattern. Written to calibration.json: per seed the rated and true capacity (req/s),
+the error (rated / true - 1), what a perfect search over the same steps would rate on that seed
+(``ideal``: the noise of the step protocol itself, which no search avoids), the verdict, steps and wall
+time; overall the largest |error| and the spread of the ratings ((max - min) / median). Goals from the
+issue: every |error| <= 3% and spread <= 5%.
+
+Extra flags after ``--`` go to every ``slobench calibrate`` run (e.g. ``-- --set search.step_duration_s=10``
+for a quick look; the goals are for the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
+
+
+def run_seed(scenario: Path, seed: int, extra: list[str], work: Path) -> dict:
+    out = work / f"seed-{seed}"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "loadgen.cli", "calibrate", str(scenario), "--seed", str(seed),
+                        "--out", str(out), "--no-progress", "--no-report", *extra], cwd=REPO, capture_output=True,
+                       text=True)
+    wall = time.monotonic() - t0
+    if r.returncode != 0 or not (out / "summary.json").exists():
+        return {"seed": seed, "returncode": r.returncode, "wall_s": round(wall, 1), "error_text": r.stderr[-2000:]}
+    s = json.loads((out / "summary.json").read_text())
+    cal = s["calibration"]
+    ideal = cal.get("ideal") or {}
+    return {"seed": seed, "returncode": r.returncode, "verdict": s["verdict"], "rated_rps": cal["rated_rps"],
+            "true_rps": cal["true_capacity_rps"], "error": cal["error"], "ideal_rated_rps": ideal.get("rated_rps"),
+            "ideal_error": ideal.get("error"), "steps": len(s["steps"]), "run_duration_s": s.get("duration_s"),
+            "wall_s": round(wall, 1), "valid": s.get("valid")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description="slobench calibrate for several seeds: rated vs true capacity, "
+                                             "written to bench/results/calibration.json")
+    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "calibrate.yaml")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="arrival seeds, one run each")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "calibration.json",
+                    help="result file (default bench/results/calibration.json)")
+    ap.add_argument("--work", type=Path, help="keep the run folders here (default: a temporary folder)")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        runs = []
+        for seed in args.seeds:
+            print(f"seed {seed}: slobench calibrate {args.scenario} {' '.join(extra)} ...", file=sys.stderr,
+                  flush=True)
+            runs.append(run_seed(args.scenario, seed, extra, work))
+            print(f"  {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+    rated = [r["rated_rps"] for r in runs if r.get("rated_rps") is not None]
+    errors = [abs(r["error"]) for r in runs if r.get("error") is not None]
+    spread = (max(rated) - min(rated)) / statistics.median(rated) if len(rated) > 1 else None
+    result = {
+        "bench": "calibration", "started_at": now_iso(), "git_commit": git_commit(), "machine": machine(),
+        "versions": versions(), "scenario": str(args.scenario), "extra_flags": extra, "runs": runs,
+        "true_rps": runs[0].get("true_rps") if runs else None, "max_abs_error": max(errors) if errors else None,
+        "spread": spread, "goals": {"max_abs_error": 0.03, "spread": 0.05},
+        "met": bool(errors) and len(errors) == len(runs) and max(errors) <= 0.03 and spread is not None
+        and spread <= 0.05, "wall_s": round(time.monotonic() - t0, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"max |error| {result['max_abs_error']}, spread {spread}; written to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

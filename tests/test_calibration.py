@@ -1,0 +1,136 @@
+"""The calibration target: the mock's queueing mode measured against the exact simulation of its queue
+(loadgen/capacity/truth.py), and ``slobench calibrate`` end to end with a very short search."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+
+from loadgen.capacity.truth import QueueParams, latencies
+from tests.helpers import REPO, slobench
+
+C = 2
+Q = QueueParams(slots=C, ttft_ms=10.0, prefill_ms_per_token=0.5, itl_ms=8.0)
+# (send offset ms, prompt tokens, answer tokens): a burst of 2C at once, then a late one behind the queue
+PLAN = [(0, 20, 4), (0, 60, 3), (0, 40, 5), (0, 20, 2), (40, 80, 3)]
+TOL_MS = 12.0  # the client's own overhead and a shared machine's scheduling; the queue steps are 40-70 ms
+
+
+async def _one(session: aiohttp.ClientSession, url: str, t0: float, offset_ms: float, n_in: int, n_out: int):
+    await asyncio.sleep(max(0.0, t0 + offset_ms / 1000.0 - time.monotonic()))
+    body = {"model": "mock", "prompt": list(range(n_in)), "max_tokens": n_out, "stream": True,
+            "stream_options": {"include_usage": True}}
+    sent, first, timing = time.monotonic(), None, None
+    async with session.post(url + "/v1/completions", json=body) as r:
+        async for line in r.content:
+            if line.startswith(b"data: {"):
+                obj = json.loads(line[6:])
+                if obj["choices"] and first is None:
+                    first = time.monotonic()
+                timing = obj.get("timing", timing)
+    return sent, (first - sent) * 1000.0, timing
+
+
+async def _send(url: str, plan, order_gap_ms: float = 2.0):
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*[s.get(url + "/health") for _ in plan])  # connections open before the clock
+        t0 = time.monotonic() + 0.05
+        # within the burst, a small gap apart so the mock sees them in the listed (FIFO) order
+        return await asyncio.gather(*[_one(s, url, t0, off + i * order_gap_ms, n_in, n_out)
+                                      for i, (off, n_in, n_out) in enumerate(plan)])
+
+
+def test_queueing_mock_ttfts_match_the_simulation(mock_server):
+    url = mock_server("--slots", C, "--ttft-ms", Q.ttft_ms, "--prefill-ms-per-token", Q.prefill_ms_per_token,
+                      "--itl-ms", Q.itl_ms)
+    got = asyncio.run(_send(url, PLAN))
+    sent = np.array([g[0] for g in got])
+    sim = latencies(sent - sent.min(), np.array([p[1] for p in PLAN], float), np.array([p[2] for p in PLAN], float),
+                    Q)
+    measured = np.array([g[1] for g in got])
+    assert np.all(np.abs(measured - sim["ttft_ms"]) < TOL_MS), (measured, sim["ttft_ms"])
+    # the queue itself: the first C wait nothing, the rest the simulated wait (the server's own clock)
+    queue = np.array([g[2]["queue_ms"] for g in got])
+    assert np.all(queue[:C] == 0)
+    assert np.all(sim["wait_ms"][C:] > 20) and np.all(np.abs(queue - sim["wait_ms"]) < 5.0), (queue, sim["wait_ms"])
+    assert [g[2]["prefill_ms"] for g in got] == [Q.ttft_ms + Q.prefill_ms_per_token * p[1] for p in PLAN]
+
+
+def test_queueing_mock_metrics_show_running_and_waiting(mock_server):
+    url = mock_server("--slots", 1, "--ttft-ms", 200, "--itl-ms", 1)
+
+    async def main():
+        async with aiohttp.ClientSession() as s:
+            burst = asyncio.ensure_future(_send(url, [(0, 8, 2)] * 3, order_gap_ms=0))
+            await asyncio.sleep(0.15)
+            async with s.get(url + "/metrics") as r:
+                page = await r.text()
+            await burst
+            async with s.get(url + "/metrics") as r:
+                after = await r.text()
+        return page, after
+
+    page, after = asyncio.run(main())
+    assert 'vllm:num_requests_running{model_name="mock"} 1.0' in page
+    assert 'vllm:num_requests_waiting{model_name="mock"} 2.0' in page
+    assert 'vllm:num_requests_waiting{model_name="mock"} 0.0' in after
+    assert 'vllm:num_requests_running{model_name="mock"} 0.0' in after
+
+
+def test_mock_server_refuses_bad_queue_flags():
+    r = subprocess.run([sys.executable, "-m", "loadgen.cli", "mock-server", "--slots", "-1"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--slots" in r.stderr
+
+
+def test_calibrate_end_to_end_writes_the_calibration_section(tmp_path):
+    r = slobench("calibrate", REPO / "scenarios" / "calibrate.yaml", "--out", tmp_path / "run", "--no-progress",
+                 "--no-report", "--truth-requests", 4000, "--truth-seeds", 1, "--ideal-seeds", 2,
+                 "--set", "search.step_duration_s=2.5", "--set", "search.warmup_s=0.5",
+                 "--set", "search.tolerance=0.25", "--set", "search.max_steps=6", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "true" in r.stdout and "error" in r.stdout and "Traceback" not in r.stderr
+    assert "true capacity" in r.stderr  # progress: the simulation's result before the search starts
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    cal = s["calibration"]
+    assert s["kind"] == "capacity" and s["steps"]
+    assert 20 < cal["true_capacity_rps"] < 40 and cal["saturation_rps"] == pytest.approx(16 / 0.3456)
+    assert cal["mock"] == {"mode": "queueing", "slots": 16, "ttft_ms": 20.0, "prefill_ms_per_token": 0.1,
+                           "itl_ms": 20.0, "tokens": None}
+    assert cal["ideal"]["seeds"] == 2 and cal["ideal"]["step_duration_s"] == 2.5
+    if cal["rated_rps"] is not None:
+        assert cal["error"] == pytest.approx(cal["rated_rps"] / cal["true_capacity_rps"] - 1)
+        assert s["rated_capacity"]["rate_rps"] == cal["rated_rps"]
+    assert (tmp_path / "run" / "mock.log").read_text().startswith("mock server on")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--slots", "0"], "slots"),
+    (["--itl-ms", "-1"], "itl_ms"),
+    (["--truth-requests", "10"], "--truth-requests"),
+])
+def test_calibrate_bad_flags_are_one_line_errors(args, words):
+    r = slobench("calibrate", REPO / "scenarios" / "calibrate.yaml", *args, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+
+
+def test_calibrate_refuses_a_scenario_it_cannot_simulate(tmp_path):
+    p = tmp_path / "conv.yaml"
+    p.write_text("name: conv\nworkload: {input_len: 8, output_len: 4, conversations: {turns: 2}}\n"
+                 "tiers: {standard: {slo: {ttft_ms: 100}}}\nsearch: {start: 2}\n")
+    r = slobench("calibrate", p, "--out", tmp_path / "run", timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "single-turn" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_calibration_bench_parses_its_arguments():
+    r = subprocess.run([sys.executable, "bench/calibration_bench.py", "--help"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "--seeds" in r.stdout and "calibration.json" in r.stdout
