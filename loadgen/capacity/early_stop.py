@@ -1,30 +1,39 @@
-"""When a capacity step may stop before its window ends, and why (the policy, apart from the running).
+"""When a capacity step is decided, and why (the policy, apart from the running).
 
-- **Breach** (any step): a tier's SLO quantile is over its threshold *for certain* (the quantile over
-  what is known, every request still to come at 0 ms, is already over: open loop only, where the
-  window's requests are known in advance), or *statistically clearly* (the confidence interval's lower
-  end is over, on the requests old enough that their outcome against the threshold is settled). A
-  queue that keeps growing trips both within seconds.
-- **Clear pass** (ramp steps only, after ``min_window_s`` of the window): every SLO's quantile, over at
-  least ``CLEAR_PASS_MIN`` settled requests of all tiers pooled, is under ``pass_margin`` x its
-  threshold: far below the knee there is nothing more to learn. Bisection steps, near the knee by
-  construction, always run their whole window unless they break.
+Every ``look_interval_s`` of the window (and once more after the drain, on the whole window) ``StepLooks``
+looks at the step's records so far: finished ones and those in flight (``latency.slo_value`` gives a
+request still waiting the time it has waited, a lower bound). A step is decided by
 
-Both look at the step's records so far: finished ones and those in flight (``latency.slo_value`` gives
-a request still waiting the time it has waited, a lower bound).
+- **certain breach** (open loop only, where the window's requests are known in advance): a tier's SLO
+  quantile over what is known, every request still to come at 0 ms, is already over its threshold. No
+  error: the whole window could not pass. A queue that keeps growing trips it within a second or two.
+- **confidence**: the sequential test of ``results.sequential`` on each tier's SLO, over the *settled*
+  requests (scheduled at least a threshold ago, so their outcome against it is known): a breach when the
+  count over the threshold crosses the upper boundary (one SLO is enough: the step fails), a pass when
+  every SLO's count has crossed its lower one. Alpha spending over the step's looks bounds the false
+  breach (and false pass) rate at ``alpha`` per SLO, however often it looks (``bench/early_stop_bench.py``
+  measures it). A p99 needs some 300 settled requests before a pass can be told this way.
+- **clear pass** (ramp steps only, ``early_pass``, after ``min_window_s`` of the window): every SLO's
+  quantile, over at least ``CLEAR_PASS_MIN`` settled requests of all tiers pooled, is under ``pass_margin``
+  x its threshold. A heuristic, *not* error-bounded (far below the knee there is nothing more to learn;
+  the bench gives its false-pass rate at the threshold); bisection steps, near the knee, never use it.
+- **cap**: none of these by ``step_duration_s``: the point estimate on the whole window judges, and the
+  step says it was undecided.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.results import latency
 from loadgen.results.records import RequestRecord
-from loadgen.results.slo import breach_certain, breach_likely
+from loadgen.results.sequential import SequentialTest
+from loadgen.results.slo import breach_certain
 
 CLEAR_PASS_MIN = 30  # settled requests before a step may pass early
 
@@ -34,31 +43,75 @@ def min_window_s(plan: CapacityPlan) -> float:
     return min(2.0, plan.step.window_s)
 
 
-def breach_reason(plan: CapacityPlan, records: Sequence[RequestRecord], w0: float, w1: float, planned: Counter,
-                  t: float) -> str | None:
-    """Why the step has already failed (its window is [w0, w1), ``planned`` its requests per tier), or None."""
-    by_tier: dict[str, list[RequestRecord]] = {}
-    for r in records:
-        if w0 <= r.scheduled_s < w1:
-            by_tier.setdefault(r.tier or "none", []).append(r)
-    for tier, slos in plan.slos.items():
-        rs = by_tier.get(tier)
-        if not rs:
-            continue
-        sched = np.asarray([r.scheduled_s for r in rs])
-        for slo in slos:
-            vals = np.asarray([latency.slo_value(r, slo.metric, t) for r in rs], dtype=float)
-            known = ~np.isnan(vals)
-            what = f"{tier} p{100 * slo.quantile:g} {slo.metric[:-3].upper()} over {slo.threshold_ms:g} ms"
-            if not plan.closed and breach_certain(vals[known], planned.get(tier, 0), slo):
-                n_over = int((vals[known] > slo.threshold_ms).sum())
-                return (f"{what} whatever follows: {n_over} of {planned.get(tier, 0)} planned window "
-                        "requests already over")
-            settled = known & (sched <= t - slo.threshold_ms / 1000.0)
-            if breach_likely(vals[settled], slo, plan.step.confidence):
-                return (f"{what} ({100 * plan.step.confidence:g}% confidence interval above it, "
-                        f"{int(settled.sum())} settled requests)")
-    return None
+@dataclass
+class Decision:
+    kind: str  # "breach" | "pass"
+    by: str  # "certain" | "confidence" | "clear_pass"
+    reason: str
+    samples: dict[str, dict[str, int]] = field(default_factory=dict)  # tier -> SLO metric -> requests
+
+
+class StepLooks:
+    """The looks of one step's window [w0, w1) (``planned``: its requests per tier, open loop)."""
+
+    def __init__(self, plan: CapacityPlan, w0: float, w1: float, planned: Counter, phase: str):
+        self.plan, self.w0, self.w1, self.planned, self.phase = plan, w0, w1, planned, phase
+        self.horizon = max(s.threshold_ms for ss in plan.slos.values() for s in ss) / 1000.0
+        opts = plan.step
+        self.tests = {(tier, slo.metric): SequentialTest(slo.quantile if slo.quantile else plan.quantile(tier),
+                                                         opts.alpha, opts.alpha_spending)
+                      for tier, slos in plan.slos.items() for slo in slos}
+        self.samples: dict[str, dict[str, int]] = {}
+        self.looks = 0
+
+    def fraction(self, t: float) -> float:
+        """The information fraction at ``t``: the share of the longest window (and its settling) elapsed."""
+        span = self.w1 + self.horizon - self.w0
+        return 1.0 if span <= 0 else min(1.0, max(0.0, (t - self.w0) / span))
+
+    def look(self, records: Sequence[RequestRecord], t: float, final: bool = False) -> Decision | None:
+        """One look at time ``t``; ``final``: the window is over and every record is finished."""
+        self.looks += 1
+        plan = self.plan
+        by_tier: dict[str, list[RequestRecord]] = {}
+        for r in records:
+            if self.w0 <= r.scheduled_s < self.w1:
+                by_tier.setdefault(r.tier or "none", []).append(r)
+        frac = 1.0 if final else self.fraction(t)
+        breach: Decision | None = None
+        for tier, slos in plan.slos.items():
+            rs = by_tier.get(tier, [])
+            sched = np.asarray([r.scheduled_s for r in rs], dtype=float)
+            for slo in slos:
+                vals = np.asarray([latency.slo_value(r, slo.metric, t) for r in rs], dtype=float)
+                known = ~np.isnan(vals)
+                what = f"{tier} p{100 * slo.quantile:g} {slo.metric[:-3].upper()} over {slo.threshold_ms:g} ms"
+                if breach is None and not plan.closed and not final and rs and breach_certain(
+                        vals[known], self.planned.get(tier, 0), slo):
+                    n_over = int((vals[known] > slo.threshold_ms).sum())
+                    breach = Decision("breach", "certain", f"{what} whatever follows: {n_over} of "
+                                      f"{self.planned.get(tier, 0)} planned window requests already over")
+                settled = known if final else known & (sched <= t - slo.threshold_ms / 1000.0)
+                n, over = int(settled.sum()), int((vals[settled] > slo.threshold_ms).sum())
+                self.samples.setdefault(tier, {})[slo.metric] = n
+                test = self.tests[(tier, slo.metric)]
+                if test.look(frac, n, over, pass_side=test.decision is None) == "breach" and breach is None:
+                    breach = Decision("breach", "confidence",
+                                      f"{what}: {over} of {n} settled requests over it, past the sequential "
+                                      f"boundary (alpha {plan.step.alpha:g}, look {test.looks})")
+        if breach is not None:
+            breach.samples = self.copy_samples()
+            return breach
+        if self.tests and all(ts.decision == "pass" for ts in self.tests.values()):
+            return Decision("pass", "confidence", "every SLO within its threshold past the sequential boundary "
+                            f"(alpha {plan.step.alpha:g})", self.copy_samples())
+        if final or not (plan.step.early_pass and self.phase == "ramp" and t >= self.w0 + min_window_s(plan)):
+            return None
+        reason = clear_pass_reason(plan, records, self.w0, t)
+        return Decision("pass", "clear_pass", reason, self.copy_samples()) if reason else None
+
+    def copy_samples(self) -> dict[str, dict[str, int]]:
+        return {tier: dict(m) for tier, m in self.samples.items()}
 
 
 def clear_pass_reason(plan: CapacityPlan, records: Sequence[RequestRecord], w0: float, t: float) -> str | None:

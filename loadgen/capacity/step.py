@@ -3,12 +3,18 @@
 - One driver (``drivers.base.Driver``), one scraper and one clock (``t0``) for the whole run:
   ``requests.jsonl`` holds every step's records with ``stage`` = the step index, ``metrics.jsonl`` the
   scrape, both on the run's time axis, so a report can always be rebuilt from the folder alone.
-- A step sends its load for ``step_duration_s``; requests scheduled in its first ``warmup_s`` are
-  discarded, the rest (the *window*) are judged. After the last send it waits up to ``drain_s`` for
-  answers; a request still waiting then is cancelled and counts with the time it had waited (a lower
-  bound). Before each step the target is left to go idle (its running + waiting gauges at 0).
-- While it runs, ``capacity.early_stop`` may end it (a certain or clear breach; a clear pass on a ramp
-  step) when the driver can show its requests in flight; ``capacity.step_stats`` computes its figures.
+- A step's requests are built for its cap, ``step_duration_s``. Its warm-up lasts at least ``warmup_s``
+  and goes on while the in-flight count still rises (``capacity.steady``), at most ``max_warmup_s``;
+  requests scheduled before the window starts are never judged. Then ``capacity.early_stop`` looks at
+  the window every ``look_interval_s`` until the step is decided (a certain breach, the sequential test's
+  breach or pass, a ramp step's clear pass: it stops sending) or the cap ends it undecided (judged on
+  the point estimate). After the last send it waits up to ``drain_s`` for answers; a request still
+  waiting then is cancelled and counts with the time it had waited (a lower bound); a last look on the
+  whole window says whether the cap's verdict is also a confident one. Before each step the target is
+  left to go idle (its running + waiting gauges at 0).
+- The monitor also measures its own event loop's lag (how late a 0.1 s sleep wakes): with the client's
+  lateness it says whether the load generator fell behind (``disturbed``); ``capacity.step_stats``
+  computes the step's figures.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from loadgen.capacity.early_stop import breach_reason, clear_pass_reason, min_window_s
+from loadgen.capacity.early_stop import StepLooks
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import StepResult
+from loadgen.capacity.steady import SteadyState
 from loadgen.capacity.step_stats import StepWindow, step_detail
 from loadgen.drivers.base import Driver, connections_needed
 from loadgen.drivers.event_loop import now
@@ -118,11 +125,13 @@ class CapacityRunner:
 
     # -------------------------------------------------------------- a step
 
-    async def measure(self, load: float, phase: str, index: int, early_stop: bool | None = None) -> StepResult:
+    async def measure(self, load: float, phase: str, index: int, early_stop: bool | None = None,
+                      draw: int = 0) -> StepResult:
+        """One step at ``load``; ``draw``: its arrival pattern (``scenario.steps``; 0: the common one)."""
         plan, driver = self.plan, self.driver
         await self._settle()
-        dur = plan.step.step_duration_s
-        specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur)  # built before the clock runs
+        dur = plan.step.step_duration_s  # the cap: a step decided sooner stops sending then
+        specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur, draw=draw)  # before the clock
         if self.prepared is not None:
             self.prepared.adapt(specs)  # text prompts for a target that takes only text
         self.sharing.add(specs)
@@ -131,9 +140,8 @@ class CapacityRunner:
         start = self.clock() + driver.start_lead_s
         for sp in specs:
             sp.arrival_s += start
-        w0 = start + plan.step.warmup_s
-        st = StepWindow(index, load, phase, start, w0, start + dur)
-        planned = Counter(s.tier or "none" for s in specs if w0 <= s.arrival_s)  # open loop: known in advance
+        st = StepWindow(index, load, phase, start, start + plan.step.warmup_s, start + dur)
+        arrivals = [(s.arrival_s, s.tier or "none") for s in specs]  # open loop: known in advance
         self.writer.step_records = []
         prog = driver.progress
         base = (prog.sent, prog.done, prog.errors)
@@ -141,7 +149,8 @@ class CapacityRunner:
             self.display.start_step(index, load, phase, dur + plan.drain_s)
         es = plan.step.early_stop if early_stop is None else early_stop
         es = es and driver.in_flight() is not None  # deciding early needs the requests in flight too
-        mon = asyncio.ensure_future(self._monitor(st, planned, es, base))
+        looks: list[StepLooks] = []  # the window's looks, once the warm-up is over
+        mon = asyncio.ensure_future(self._monitor(st, arrivals, es, base, looks))
         wall0 = time.monotonic()
         try:
             await driver.run(specs, t0=self.t0, stage=index, concurrency=concurrency,
@@ -151,10 +160,30 @@ class CapacityRunner:
             await asyncio.gather(mon, return_exceptions=True)
         if driver.abort_reason and not self.stopped:
             self.stopped = driver.abort_reason
-        detail = step_detail(plan, st, list(self.writer.step_records), read_metrics(self.run_dir / "metrics.jsonl"),
+        records = list(self.writer.step_records)
+        if not looks:  # the step ended within its warm-up (Ctrl-C, a dead target)
+            looks.append(self._looks(st, arrivals))
+        if st.decision is None:  # the last look, on the whole window: was the cap's verdict a confident one?
+            self._decide(st, looks[0].look(records, self.clock(), final=True), looks[0])
+        detail = step_detail(plan, st, records, read_metrics(self.run_dir / "metrics.jsonl"),
                              self.clock(), time.monotonic() - wall0)
         margin = detail["margin"] if detail["margin"] is not None else (None if detail["passed"] else math.inf)
-        return StepResult(detail["passed"], detail["stopped_early"], detail, margin=margin)
+        return StepResult(detail["passed"], detail["stopped_early"], detail, margin=margin,
+                          disturbed=detail["disturbance"])
+
+    def _looks(self, st: StepWindow, arrivals: list[tuple[float, str]]) -> StepLooks:
+        planned = Counter(tier for a, tier in arrivals if st.w0 <= a < st.w1)
+        return StepLooks(self.plan, st.w0, st.w1, planned, st.phase)
+
+    @staticmethod
+    def _decide(st: StepWindow, d, looks: StepLooks) -> None:
+        st.looks = looks.looks
+        st.samples = looks.copy_samples()
+        if d is not None:
+            st.decision, st.decided_by, st.samples = d.kind, d.by, d.samples
+            st.stop_reason = st.stop_reason or d.reason
+        elif st.stop_reason is None:
+            st.stop_reason = "undecided at the cap (step_duration_s): judged on the point estimate"
 
     async def _settle(self) -> None:
         """Wait until the target has nothing running or waiting (two scrapes in a row, in its own gauges'
@@ -183,26 +212,38 @@ class CapacityRunner:
             await asyncio.sleep(0.2)
         await asyncio.sleep(0.5)
 
-    async def _monitor(self, st: StepWindow, planned: Counter, early_stop: bool, base: tuple[int, int, int]) -> None:
+    async def _monitor(self, st: StepWindow, arrivals: list[tuple[float, str]], early_stop: bool,
+                       base: tuple[int, int, int], looks: list[StepLooks]) -> None:
         plan, driver = self.plan, self.driver
-        prog = driver.progress
-        tick = 0
+        opts, prog = plan.step, driver.progress
+        steady = SteadyState(opts.warmup_s, opts.max_warmup_s, opts.steady_interval_s, opts.steady_tolerance)
+        tick, next_look = 0, math.inf
         while True:
+            before = now()
             await asyncio.sleep(0.1)
+            lag_ms = max(0.0, (now() - before - 0.1) * 1000.0)
             tick += 1
             t = self.clock()
-            if driver.measures_in_flight and st.w0 <= t < st.window_end:
+            if st.start_s <= t < st.window_end:
+                st.loop_lag_ms.append(lag_ms)
+            if not looks and t >= st.start_s:  # the warm-up: until the in-flight count stops rising
+                if driver.measures_in_flight:
+                    steady.add(t - st.start_s, prog.in_flight)
+                if steady.check(t - st.start_s):
+                    st.w0, st.steady = st.start_s + steady.done_at, steady.settled
+                    looks.append(self._looks(st, arrivals))
+                    next_look = st.w0 + opts.look_interval_s
+            elif looks and driver.measures_in_flight and st.w0 <= t < st.window_end:
                 st.inflight.append(prog.in_flight)
-            if early_stop and st.early is None and t >= st.w0 and tick % 5 == 0:
-                records = self.writer.step_records + (driver.in_flight() or [])
-                reason = breach_reason(plan, records, st.w0, st.w1, planned, t)
-                if reason:
-                    st.early, st.stop_reason, st.stopped_at = "breach", reason, t
-                    driver.stop()
-                elif plan.step.early_pass and st.phase == "ramp" and t >= st.w0 + min_window_s(plan):
-                    reason = clear_pass_reason(plan, records, st.w0, t)
-                    if reason:  # stop sending; what is in flight finishes (the drain below still applies)
-                        st.early, st.stop_reason, st.stopped_at = "pass", reason, t
+            if early_stop and st.early is None and t >= next_look:
+                next_look += opts.look_interval_s
+                d = looks[0].look(self.writer.step_records + (driver.in_flight() or []), t)
+                self._decide(st, d, looks[0])
+                if d is not None:
+                    st.early, st.stopped_at = d.kind, t
+                    if d.kind == "breach":
+                        driver.stop()
+                    else:  # stop sending; what is in flight finishes (the drain below still applies)
                         driver.stop_sending()
             send_end = st.stopped_at if st.early == "pass" else st.w1
             if t >= send_end + plan.drain_s and not st.cut:

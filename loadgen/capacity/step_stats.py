@@ -36,10 +36,17 @@ class StepWindow:
     w0: float  # the judged window: requests scheduled in [w0, w1)
     w1: float
     inflight: list[int] = field(default_factory=list)  # measured in-flight counts over the window
-    early: str | None = None  # "breach" | "pass" | None
+    early: str | None = None  # "breach" | "pass" | None: the step stopped before its cap
     stop_reason: str | None = None
     stopped_at: float | None = None  # an early stop ends the window here
     cut: bool = False  # requests still in flight at the end of the drain were cancelled
+    steady: bool | None = None  # the in-flight count settled before the window (False: the warm-up cap; None:
+    #                             not measured, the warm-up floor)
+    decision: str | None = None  # "breach" | "pass": what decided the step (None: the cap, point estimate)
+    decided_by: str = "cap"  # "certain" | "confidence" | "clear_pass" | "cap"
+    samples: dict[str, dict[str, int]] = field(default_factory=dict)  # tier -> SLO metric -> requests deciding
+    looks: int = 0  # the sequential test's looks
+    loop_lag_ms: list[float] = field(default_factory=list)  # how late the monitor's 0.1 s sleeps woke
 
     @property
     def window_end(self) -> float:
@@ -68,6 +75,8 @@ def step_detail(plan: CapacityPlan, st: StepWindow, records: Sequence[RequestRec
                      metrics=step_metrics)
     ok = [r for r in window if latency.succeeded(r)]
     arrivals = len(window) / win_s if win_s > 0 else None
+    sent = sum(1 for r in window if r.sent_s is not None and st.w0 <= r.sent_s < w1)
+    disturbed, disturbance, lag = disturbance_of(summ, st.loop_lag_ms, plan.lateness_bound_ms)
     sojourn = [s for r in window if (s := latency.sojourn_s(r)) is not None]
     little = arrivals * float(np.mean(sojourn)) if sojourn and arrivals is not None else None
     measured = float(np.mean(st.inflight)) if st.inflight else None
@@ -78,7 +87,13 @@ def step_detail(plan: CapacityPlan, st: StepWindow, records: Sequence[RequestRec
         "margin": (max(margins) if math.isfinite(max(margins)) else None) if margins else None,
         "duration_s": round(wall_s, 3), "requests": len(window),
         "window_s": [round(st.w0, 3), round(w1, 3)], "start_s": round(st.start_s, 3),
-        "offered_rps": arrivals, "throughput_rps": len(ok) / win_s if win_s > 0 else None,
+        "decided_by": st.decided_by, "decision": st.decision, "looks": st.looks,
+        "samples": st.samples or {t: {m: j["n"] for m, j in e["judged"].items()} for t, e in tiers.items()
+                                  if e["judged"]},
+        "warmup_s": round(st.w0 - st.start_s, 3), "steady": st.steady,
+        "disturbed": disturbed, "disturbance": disturbance, "loop_lag_ms": lag,
+        "offered_rps": sent / win_s if win_s > 0 else None, "scheduled_rps": arrivals,
+        "throughput_rps": len(ok) / win_s if win_s > 0 else None,
         "output_tok_s": sum(r.output_tokens or 0 for r in ok) / win_s if win_s > 0 else None,
         "goodput_rps": goodput_rps(window, plan.slos, win_s),
         "concurrency_littles_law": little, "concurrency_measured": measured,
@@ -92,6 +107,20 @@ def step_detail(plan: CapacityPlan, st: StepWindow, records: Sequence[RequestRec
         "load_avg_1m": load_avg(),  # a busy shared machine slows the target: context for outliers
         "summary": summ,
     }
+
+
+def disturbance_of(summ: dict, lag_ms: Sequence[float], bound_ms: float) -> tuple[bool, str | None, dict]:
+    """(disturbed, why, loop lag figures): the load generator fell behind in the step, its client p99
+    lateness or the event loop's p99 lag (how late a 0.1 s sleep woke) over ``bound_ms``."""
+    lag = {"p50": latency.percentile(lag_ms, 50), "p99": latency.percentile(lag_ms, 99),
+           "max": max(lag_ms) if lag_ms else None}
+    why = []
+    late = (summ.get("client_lateness") or {}).get("p99_ms")
+    if late is not None and late > bound_ms:
+        why.append(f"client p99 lateness {late:.1f} ms over the {bound_ms:g} ms bound")
+    if lag["p99"] is not None and lag["p99"] > bound_ms:
+        why.append(f"event-loop p99 lag {lag['p99']:.1f} ms over the {bound_ms:g} ms bound")
+    return bool(why), "; ".join(why) or None, lag
 
 
 def load_avg() -> float | None:

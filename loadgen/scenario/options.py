@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loadgen.results.sequential import SPENDING
+
 AXES = ("rate", "concurrency")
 
 
@@ -47,18 +49,32 @@ class SearchConfig:
 
 @dataclass
 class StepOptions:
-    """How ``slobench capacity`` measures one load step."""
+    """How ``slobench capacity`` measures one load step (``loadgen.capacity.step``)."""
 
-    step_duration_s: float = 15.0  # sending time of a step, warm-up included
-    warmup_s: float = 3.0  # discarded start of each step
+    step_duration_s: float = 15.0  # the most a step sends, warm-up included (a step decided sooner stops then)
+    warmup_s: float = 3.0  # the least warm-up: requests scheduled before the window are never judged
     quantile: float = 0.99
-    confidence: float = 0.95
+    confidence: float = 0.95  # the bootstrap interval reported with each quantile
     drain_s: float | None = None  # None: 2x the largest SLO threshold, at least 2 s
-    early_stop: bool = True  # end a step once its breach is certain
+    early_stop: bool = True  # end a step once it is decided: a certain breach, or the sequential test's verdict
     early_pass: bool = True  # ramp steps: ... or once every SLO is clearly met (quantile < pass_margin x threshold)
     pass_margin: float = 0.5
     settle_timeout_s: float = 30.0  # wait for the target to go idle between steps
+    max_warmup_s: float | None = None  # the warm-up goes on while in-flight rises, up to this (None: 2x warmup_s,
+    #                                    at most half the step)
+    steady_interval_s: float = 1.0  # in-flight means of successive intervals this long are compared
+    steady_tolerance: float = 0.1  # ... a rise of more than this share (+ 1 request) is a trend
+    alpha: float = 0.05  # the sequential test's error bound per SLO and side (false breach, false pass)
+    alpha_spending: str = "pocock"  # pocock | obrien_fleming | linear (Bonferroni over equal looks)
+    look_interval_s: float = 0.5  # the sequential test looks this often
+
+    def __post_init__(self) -> None:
+        if self.max_warmup_s is None:
+            self.max_warmup_s = max(self.warmup_s, min(2.0 * self.warmup_s, self.step_duration_s / 2.0))
+        if self.alpha_spending not in SPENDING:
+            raise ValueError(f"alpha_spending must be one of {', '.join(SPENDING)}, got {self.alpha_spending!r}")
 
     @property
     def window_s(self) -> float:
+        """The longest window a step may get (its warm-up at the floor, undecided until the cap)."""
         return self.step_duration_s - self.warmup_s

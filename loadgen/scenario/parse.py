@@ -14,7 +14,7 @@ import yaml
 from loadgen.results.latency import LATENESS_BOUND_MS
 from loadgen.scenario.engine_options import parse_engine_options
 from loadgen.scenario.model import ENDPOINTS, SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
-from loadgen.scenario.options import AXES, SearchConfig, StepOptions
+from loadgen.scenario.options import AXES, SPENDING, SearchConfig, StepOptions
 from loadgen.scenario.schema import MappingNode
 from loadgen.workload.arrivals import KINDS as ARRIVAL_KINDS
 from loadgen.workload.arrivals import Arrivals
@@ -162,10 +162,21 @@ def _parse_search(node: MappingNode) -> tuple[SearchConfig, StepOptions]:
         early_pass=node.get("early_pass", bool, True),
         pass_margin=node.get("pass_margin", float, 0.5, positive=True),
         settle_timeout_s=node.get("settle_timeout_s", float, 30.0, min_value=0.0),
+        max_warmup_s=node.get("max_warmup_s", (float, type(None)), None, min_value=0.0),
+        steady_interval_s=node.get("steady_interval_s", float, 1.0, positive=True),
+        steady_tolerance=node.get("steady_tolerance", float, 0.1, min_value=0.0),
+        alpha=node.get("alpha", float, 0.05, positive=True),
+        alpha_spending=node.get("alpha_spending", str, "pocock", choices=SPENDING),
+        look_interval_s=node.get("look_interval_s", float, 0.5, positive=True),
     )
     if not step.warmup_s < step.step_duration_s:
         raise ScenarioError(f"search.warmup_s: expected less than step_duration_s ({step.step_duration_s:g}), "
                             f"found {step.warmup_s:g}")
+    if not step.warmup_s <= step.max_warmup_s < step.step_duration_s:
+        raise ScenarioError(f"search.max_warmup_s: expected at least warmup_s ({step.warmup_s:g}) and less than "
+                            f"step_duration_s ({step.step_duration_s:g}), found {step.max_warmup_s:g}")
+    if not step.alpha < 0.5:
+        raise ScenarioError(f"search.alpha: expected an error rate in (0, 0.5), found {step.alpha!r}")
     if not step.pass_margin < 1:
         raise ScenarioError(f"search.pass_margin: expected a fraction in (0, 1), found {step.pass_margin!r}")
     if not step.confidence < 1:
