@@ -47,7 +47,10 @@ def run_seed(scenario: Path, seed: int, extra: list[str], work: Path) -> dict:
     ideal = cal.get("ideal") or {}
     return {"seed": seed, "returncode": r.returncode, "verdict": s["verdict"], "rated_rps": cal["rated_rps"],
             "true_rps": cal["true_capacity_rps"], "error": cal["error"], "ideal_rated_rps": ideal.get("rated_rps"),
-            "ideal_error": ideal.get("error"), "steps": len(s["steps"]), "run_duration_s": s.get("duration_s"),
+            "ideal_error": ideal.get("error"), "ideal_sd_error": ideal.get("sd_error"),
+            "errors": cal.get("errors"), "interval": cal.get("interval"),
+            "truth_in_interval": cal.get("truth_in_interval"), "steps": len(s["steps"]),
+            "run_duration_s": s.get("duration_s"),
             "wall_s": round(wall, 1), "valid": s.get("valid")}
 
 

@@ -76,14 +76,23 @@ def queue_params(args: argparse.Namespace):
 
 def calibration_section(truth: dict[str, Any], summary: dict[str, Any], q, ideal: dict[str, Any] | None,
                         truth_s: float) -> dict[str, Any]:
-    """The summary's ``calibration``: rated against true, and what they were found with."""
+    """The summary's ``calibration``: rated against true, and what they were found with. ``rated_rps`` is
+    the summary's headline ``rated_capacity.rate_rps``; ``errors`` also holds, where the summary has them,
+    the requested load of the rated step and the rating's interval estimate, and ``truth_in_interval``."""
     true_rps = truth["true_capacity_rps"]
-    rated = summary.get("rated_capacity") or {}
-    rated_rps = rated.get("rate_rps") if summary.get("verdict") == "rated" else None
-    error = rated_rps / true_rps - 1.0 if rated_rps is not None and true_rps else None
-    return {"true_capacity_rps": true_rps, "rated_rps": rated_rps, "error": error,
-            "abs_error": abs(error) if error is not None else None, "verdict": summary.get("verdict"),
-            **{k: v for k, v in truth.items() if k != "true_capacity_rps"},
+    rated = (summary.get("rated_capacity") or {}) if summary.get("verdict") == "rated" else {}
+
+    def err(x):
+        return x / true_rps - 1.0 if isinstance(x, (int, float)) and true_rps else None
+
+    rated_rps = rated.get("rate_rps")
+    errors = {k: err(rated.get(k)) for k in ("rate_rps", "requested_rps", "estimate") if rated.get(k) is not None}
+    lo, hi = rated.get("ci_low"), rated.get("ci_high")
+    inside = bool(lo <= true_rps <= hi) if None not in (lo, hi, true_rps) else None
+    return {"true_capacity_rps": true_rps, "rated_rps": rated_rps, "error": err(rated_rps),
+            "abs_error": abs(err(rated_rps)) if err(rated_rps) is not None else None, "errors": errors,
+            "interval": [lo, hi] if lo is not None and hi is not None else None, "truth_in_interval": inside,
+            "verdict": summary.get("verdict"), **{k: v for k, v in truth.items() if k != "true_capacity_rps"},
             "ideal": ideal, "mock": {"mode": "queueing", **q.as_dict()}, "truth_s": round(truth_s, 3)}
 
 
@@ -167,6 +176,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"rated {_num(cal['rated_rps'])} req/s, true {_num(true_rps)} req/s: error {_pct(cal['error'])}"
               + (f" (a perfect search over these steps: {_pct(ideal['error'])} on this seed)" if ideal else "")
               + f"  [{s['verdict']}]")
+        others = {k: v for k, v in cal["errors"].items() if k != "rate_rps"}
+        if others or cal["interval"]:
+            print("  " + ", ".join(f"{k} {_pct(v)}" for k, v in others.items())
+                  + (f"; truth {'inside' if cal['truth_in_interval'] else 'OUTSIDE'} the interval "
+                     f"{_num(cal['interval'][0])}-{_num(cal['interval'][1])} req/s" if cal["interval"] else ""))
         print(s["verdict_text"])
         print(f"results: {res.run_dir}/ (summary.json: calibration)")
     if not args.no_report and s["steps"]:
