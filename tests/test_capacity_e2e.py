@@ -18,8 +18,9 @@ from tests.helpers import ENV, REPO, slobench
 TOP_KEYS = {"kind", "run_id", "scenario", "target", "driver", "started_at", "duration_s", "verdict", "verdict_text",
             "axis", "slo", "headroom", "rated_capacity", "steps", "valid", "lateness", "versions", "git_commit",
             "machine"}
-RATED_KEYS = {"rate_rps", "concurrency", "concurrency_littles_law", "concurrency_measured", "concurrency_agree",
-              "output_tok_s", "spec_rate_rps"}
+RATED_KEYS = {"rate_rps", "requested_rps", "concurrency", "concurrency_littles_law", "concurrency_measured",
+              "concurrency_agree", "output_tok_s", "spec_rate_rps", "estimate", "ci_low", "ci_high", "boundary",
+              "binding", "confirmed"}
 STEP_KEYS = {"index", "load", "phase", "passed", "stopped_early", "duration_s", "requests", "tiers", "breakdown",
              "kv_usage", "batch_fill_ratio", "admission_rejections", "summary"}
 TIER_KEYS = {"requests", "ttft_ms_q", "ci_low_ms", "ci_high_ms", "passed", "p50_ttft_ms", "p99_ttft_ms"}
@@ -29,7 +30,8 @@ BREAKDOWN_KEYS = {"mean_queue_ms", "mean_prefill_ms", "mean_network_ms", "mean_d
 def check_contract(s: dict) -> None:
     assert set(s) >= TOP_KEYS, TOP_KEYS - set(s)
     assert s["kind"] == "capacity" and s["driver"] == "aiohttp" and {"name", "path"} <= set(s["scenario"])
-    assert s["verdict"] in ("rated", "never_met", "never_broke") and s["axis"] in ("rate", "concurrency")
+    assert s["verdict"] in ("rated", "never_met", "never_broke", "invalid") and s["axis"] in ("rate", "concurrency")
+    assert s["search_verdict"] in ("rated", "never_met", "never_broke")
     assert {"slobench", "python"} <= set(s["versions"])
     for tier, slo in s["slo"].items():
         assert slo is None or set(slo) == {"metric", "quantile", "threshold_ms"}, (tier, slo)
@@ -37,7 +39,8 @@ def check_contract(s: dict) -> None:
         assert set(s["rated_capacity"]) >= RATED_KEYS
     for i, st in enumerate(s["steps"]):
         assert set(st) >= STEP_KEYS, STEP_KEYS - set(st)
-        assert st["index"] == i and st["phase"] in ("ramp", "bisect") and isinstance(st["passed"], bool)
+        assert st["index"] == i and st["phase"] in ("ramp", "bisect", "confirm") and isinstance(st["passed"], bool)
+        assert {"draw", "attempt", "remeasured_of", "counted"} <= set(st)
         assert set(st["breakdown"]) >= BREAKDOWN_KEYS
         for e in st["tiers"].values():
             assert set(e) >= TIER_KEYS
@@ -79,7 +82,9 @@ def test_target_too_fast_never_broke_and_records_have_stages(mock_server, tmp_pa
     assert s["verdict"] == "never_broke" and "at least" in s["verdict_text"]
     assert [st["load"] for st in s["steps"]] == [5, 10, 20] and all(st["passed"] for st in s["steps"])
     rc = s["rated_capacity"]
-    assert rc["rate_rps"] == 20 and rc["spec_rate_rps"] == pytest.approx(16) and rc["lower_bound"]
+    # the rating is what the step offered (its Poisson draw over the window), the load asked for beside it
+    assert rc["requested_rps"] == 20 and rc["rate_rps"] == pytest.approx(s["steps"][-1]["offered_rps"])
+    assert rc["spec_rate_rps"] == pytest.approx(0.8 * rc["rate_rps"]) and rc["lower_bound"]
     recs = read_records(tmp_path / "run" / "requests.jsonl")
     stages = {x["stage"] for x in recs}
     assert stages == {0, 1, 2}
@@ -136,8 +141,9 @@ def test_capacity_against_the_embedded_engine(tmp_path):
     assert not steps[1]["passed"] and steps[1]["stopped_early"]  # 200 req/s: the queue runs away
     assert s["slo"]["basic"] is None and steps[0]["tiers"]["basic"]["passed"] is None
     if steps[0]["passed"]:  # 8 req/s is comfortable for tiny unless the machine is very busy
-        assert s["verdict"] == "rated" and s["rated_capacity"]["rate_rps"] >= 8
-        assert len(steps) == 3 and steps[2]["phase"] == "bisect" and 8 < steps[2]["load"] < 200
+        assert s["verdict"] == "rated" and s["rated_capacity"]["requested_rps"] >= 8
+        assert steps[2]["phase"] == "bisect" and 8 < steps[2]["load"] < 200
+        assert [st["phase"] for st in steps[3:]] == ["confirm"] * (len(steps) - 3)  # the budget's bracket confirmed
         rc = s["rated_capacity"]
         assert rc["spec_rate_rps"] == pytest.approx(0.8 * rc["rate_rps"])
         assert rc["concurrency_measured"] > 0 and rc["concurrency_littles_law"] > 0

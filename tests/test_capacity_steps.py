@@ -79,5 +79,7 @@ def test_validity_rests_on_thedeciding_steps():
     s = CapacitySearch(SearchConfig(start=1, growth=2, tolerance=0.3))
     out = s.run(lambda load, phase: StepResult(load <= 5))
     deciding = deciding_steps(out)
-    loads = {i: out.steps[i].load for i in deciding}
-    assert sorted(loads.values()) == [out.rated_load, out.first_fail_load]
+    loads = [out.steps[i].load for i in deciding]
+    # each end and its confirmation on a fresh arrival draw
+    assert sorted(loads) == [out.rated_load] * 2 + [out.first_fail_load] * 2
+    assert [out.steps[i].phase for i in deciding] == ["bisect", "bisect", "confirm", "confirm"]

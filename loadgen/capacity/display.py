@@ -20,9 +20,27 @@ def step_line(step: dict[str, Any], unit: str) -> str:
     bd = step.get("breakdown") or {}
     verdict = "PASS" if step["passed"] else "FAIL"
     early = " (stopped early)" if step.get("stopped_early") else ""
-    return (f"step {step['index']} {step['phase']:<6} load {step['load']:.3g} {unit}: {verdict}{early}  {tiers}  "
+    return (f"step {step['index']} {step['phase']:<6} load {step['load']:.3g} {unit}{_offered(step, unit)}: "
+            f"{verdict}{early}{_marks(step)}  {tiers}  "
             f"queue {_ms(bd.get('mean_queue_ms'))} prefill {_ms(bd.get('mean_prefill_ms'))} "
             f"net {_ms(bd.get('mean_network_ms'))} ms")
+
+
+def _offered(step: dict[str, Any], unit: str) -> str:
+    off = step.get("offered_rps")
+    return f" (offered {off:.3g})" if unit == "req/s" and isinstance(off, (int, float)) else ""
+
+
+def _marks(step: dict[str, Any]) -> str:
+    """What the search made of the step: its fresh arrival draw, a re-measure, a disturbance."""
+    out = ""
+    if step.get("draw"):
+        out += f" [draw {step['draw']}]"
+    if step.get("remeasured_of") is not None:
+        out += f" [re-measure of {step['remeasured_of']}]"
+    if step.get("disturbance"):
+        out += f" DISTURBED ({step['disturbance']})" + ("" if step.get("counted", True) else ", measured again")
+    return out
 
 
 class CapacityDisplay:
@@ -64,7 +82,7 @@ class CapacityDisplay:
                 e = s["tiers"].get(tier) or {}
                 mark = "" if e.get("passed") is None else (" ✓" if e["passed"] else " ✗")
                 cells.append(f"{_ms(e.get('ttft_ms_q'))}{mark}")
-            early = "*" if s.get("stopped_early") else ""
+            early = ("*" if s.get("stopped_early") else "") + ("!" if s.get("disturbance") else "")
             cells += [_ms(bd.get("mean_queue_ms")), _ms(bd.get("mean_prefill_ms")), _ms(bd.get("mean_network_ms")),
                       _pct(s.get("kv_usage")), _pct(s.get("batch_fill_ratio")),
                       ("[green]pass[/]" if s["passed"] else "[red]FAIL[/]") + early]
@@ -75,7 +93,8 @@ class CapacityDisplay:
         from rich.console import Group
         from rich.text import Text
 
-        legend = Text("tiers: TTFT at the judged quantile, ms; queue / pref(ill) / net: mean ms; * stopped early",
+        legend = Text("tiers: TTFT at the judged quantile, ms; queue / pref(ill) / net: mean ms; * stopped early; "
+                      "! disturbed (the load generator fell behind)",
                       style="dim")
         return Group(self._table(), legend, self.progress, Text(self._status))
 

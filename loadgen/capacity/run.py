@@ -1,11 +1,17 @@
 """``slobench capacity``: ramp the load until an SLO breaks, bisect, report the rated capacity.
 
-The search itself is pure (``loadgen.search``); ``capacity_step.CapacityRunner`` measures one load step
+The search itself is pure (``capacity.search``); ``capacity.step.CapacityRunner`` measures one load step
 against a target; this module runs the whole search and writes the run folder.
 
 - Steps use common random numbers: the arrival pattern of every step is the same seeded draw scaled to
   its rate, so steps differ by load, not by luck; prompts differ (fresh seed per step), so one step's
-  prefix cache never serves the next (``capacity_plan.step_specs``).
+  prefix cache never serves the next (``scenario.steps.step_specs``). The search's confirming steps ask
+  for fresh draws (``CapacitySearch.next_draw``).
+- A step whose load generator fell behind (its detail's ``disturbed``, or client p99 lateness over the
+  bound) is handed to the search as disturbed: it is measured again instead of deciding.
+- The rated capacity is the *offered* rate of the deciding passing steps (``rate_rps``; the load asked
+  for is ``requested_rps``), with the interval, boundary and binding SLO of ``capacity.rating`` over
+  every counted step and its requests (computed once, at the end).
 - ``summary.json`` is rewritten after every step: Ctrl-C or a dying target leaves everything measured.
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import json
 import signal
 import time
@@ -21,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.capacity import rating
 from loadgen.capacity.plan import CapacityPlan
-from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step
+from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step, StepResult
 from loadgen.capacity.step import CapacityRunner
 from loadgen.drivers.event_loop import run_sync
 from loadgen.results.prefix_cache import prefix_cache_check
@@ -43,38 +51,89 @@ class CapacityResult:
     stopped: str | None
 
 
-def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan) -> dict[str, Any] | None:
+def offered_rate(details: list[dict[str, Any]]) -> float | None:
+    """The rate the steps actually offered: their offered rates pooled over their windows' lengths (the
+    window's requests / its length where a step has no ``offered_rps``)."""
+    num = den = 0.0
+    for d in details:
+        w = d.get("window_s")
+        span = (w[1] - w[0]) if isinstance(w, (list, tuple)) and len(w) == 2 else None
+        rate = d.get("offered_rps")
+        if rate is None and span and d.get("requests") is not None:
+            rate = d["requests"] / span
+        if rate is None:
+            continue
+        weight = span if span and span > 0 else 1.0
+        num += rate * weight
+        den += weight
+    return num / den if den > 0 else None
+
+
+def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan,
+                   interval: dict[str, Any] | None = None) -> dict[str, Any] | None:
     if outcome.rated_load is None:
         return None
-    steps = [s for s in outcome.steps if s.passed and s.load == outcome.rated_load]
+    deciding = set(outcome.deciding)
+    steps = [s for s in outcome.steps if s.passed and s.load == outcome.rated_load and s.counted]
+    steps = [s for s in steps if s.index in deciding] or steps
     if not steps:
         return None
-    d = steps[-1].result.detail
+    details = [s.result.detail for s in steps]
+    d = details[-1]
     if plan.closed:
-        rate = d.get("throughput_rps")
+        tps = [x["throughput_rps"] for x in details if x.get("throughput_rps") is not None]
+        rate = sum(tps) / len(tps) if tps else None
+        requested = None
         conc = float(outcome.rated_load)
     else:
-        rate = float(outcome.rated_load)
+        requested = float(outcome.rated_load)
+        rate = offered_rate(details)
+        if rate is None:
+            rate = requested
         conc = d.get("concurrency_measured")
     spec = rate * (1.0 - plan.headroom) if rate is not None else None
-    return {
-        "rate_rps": rate, "concurrency": conc,
+    out = {
+        "rate_rps": rate, "requested_rps": requested, "concurrency": conc,
         "concurrency_littles_law": d.get("concurrency_littles_law"),
         "concurrency_measured": d.get("concurrency_measured"),
         "concurrency_agree": d.get("concurrency_agree"),
         "output_tok_s": d.get("output_tok_s"), "spec_rate_rps": spec,
         "spec_concurrency": conc * (1.0 - plan.headroom) if conc is not None else None,
-        "goodput_rps": d.get("goodput_rps"), "step": d.get("index"), "load": outcome.rated_load,
-        "axis": plan.search.axis, "lower_bound": outcome.verdict == "never_broke",
+        "goodput_rps": d.get("goodput_rps"), "step": d.get("index"), "steps": [s.index for s in steps],
+        "load": outcome.rated_load, "axis": plan.search.axis, "lower_bound": outcome.search_verdict == "never_broke",
+        "confirmed": outcome.confirmed,
+        "estimate": None, "ci_low": None, "ci_high": None, "ci_of": None, "confidence": None, "boundary": None,
+        "binding": None,
     }
+    if interval is not None:
+        out.update(estimate=interval["estimate"], ci_low=interval["ci_low"], ci_high=interval["ci_high"],
+                   ci_of=interval["of"], confidence=interval["confidence"], boundary=interval["boundary"],
+                   binding=interval["binding"], interval=interval)
+        if interval.get("open"):  # no crossing inside the loads tried: no interval to gate on
+            out.update(ci_low=None, ci_high=None)
+    return out
+
+
+def step_entry(s: Step) -> dict[str, Any]:
+    """A step's entry in ``summary.json["steps"]``: its detail and what the search made of it."""
+    return s.result.detail | {"phase": s.phase, "index": s.index, "load": s.load, "draw": s.draw,
+                              "attempt": s.attempt, "remeasured_of": s.remeasured_of, "counted": s.counted,
+                              "confirms": s.confirms, "disturbance": s.disturbed}
 
 
 def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str, Any], duration_s: float,
-                  complete: bool, stopped: str | None) -> dict[str, Any]:
-    steps = [s.result.detail | {"phase": s.phase, "index": s.index, "load": s.load} for s in outcome.steps]
-    rated = rated_capacity(outcome, plan)
+                  complete: bool, stopped: str | None, interval: dict[str, Any] | None = None) -> dict[str, Any]:
+    steps = [step_entry(s) for s in outcome.steps]
+    rated = rated_capacity(outcome, plan, interval)
     text = outcome.text
     if rated is not None:
+        if not plan.closed and rated["requested_rps"] is not None:
+            text += f". Offered there: {rated['rate_rps']:.3g} req/s (requested {rated['requested_rps']:.3g})"
+        if rated["ci_low"] is not None:
+            of = "users" if rated["ci_of"] == "concurrency" else "req/s"
+            text += (f". {100 * rated['confidence']:g}% interval of the capacity: {rated['ci_low']:.3g}–"
+                     f"{rated['ci_high']:.3g} {of} (estimate {rated['estimate']:.3g}; {rated['boundary'] or '-'} "
+                     f"boundary; binding: {rated['binding']['tier']} {rated['binding']['metric']})")
         text += (f". Spec capacity with {100 * plan.headroom:g}% headroom: {rated['spec_rate_rps']:.3g} req/s"
                  if rated["spec_rate_rps"] is not None else "")
         if rated.get("concurrency_agree") is not None:
@@ -83,15 +142,15 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
                      + ("they agree" if rated["concurrency_agree"] else "they DISAGREE: check the client") + ")")
     if not complete:
         text = f"INCOMPLETE ({stopped}): " + text
-    late = [st["summary"].get("client_lateness", {}) for st in steps]
+    late = [(st.get("summary") or {}).get("client_lateness") or {} for st in steps]
     p99s = [x.get("p99_ms") for x in late if x.get("p99_ms") is not None]
-    invalid = [st["index"] for st in steps if not st.get("valid")]
-    deciding = deciding_steps(outcome)
-    bad = [i for i in invalid if i in deciding]
+    invalid = [st["index"] for st in steps if not st.get("valid", True)]
+    disturbed = [st["index"] for st in steps if st.get("disturbance")]
     s: dict[str, Any] = {
         **meta,
         "duration_s": round(duration_s, 3),
-        "verdict": outcome.verdict, "verdict_text": text, "converged": outcome.converged,
+        "verdict": outcome.verdict, "search_verdict": outcome.search_verdict, "verdict_text": text,
+        "converged": outcome.converged, "confirmed": outcome.confirmed, "reopens": outcome.reopens,
         "complete": complete, "interrupted": bool(stopped and stopped.startswith("interrupted")),
         "stopped_early": stopped,
         "axis": plan.search.axis,
@@ -102,29 +161,55 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
         "first_fail_load": outcome.first_fail_load,
         "search": dataclasses.asdict(plan.search) | dataclasses.asdict(plan.step) | {"drain_s": plan.drain_s},
         "steps": steps,
-        "valid": bool(steps) and not bad,
+        "valid": bool(steps) and outcome.invalid_reason is None,
         "lateness": {"p99_ms_max": max(p99s) if p99s else None, "bound_ms": plan.lateness_bound_ms,
-                     "invalid_steps": invalid, "deciding_steps": deciding},
+                     "invalid_steps": invalid, "disturbed_steps": disturbed, "deciding_steps": outcome.deciding},
     }
-    if bad:
-        s["invalid_reason"] = (f"client p99 lateness over {plan.lateness_bound_ms:g} ms in step(s) "
-                               f"{', '.join(map(str, bad))}, which decide the verdict: the load generator could not "
-                               "keep the schedule")
+    if outcome.invalid_reason:
+        s["invalid_reason"] = outcome.invalid_reason + ": the load generator could not keep the schedule"
     elif not steps:
         s["invalid_reason"] = "no step was measured"
     return s
 
 
 def deciding_steps(outcome: SearchOutcome) -> list[int]:
-    """The steps the verdict rests on: the rated step and the first failure above it (rated), the
-    highest pass (never_broke), every step (never_met). A late client elsewhere does not change it."""
-    if outcome.verdict == "never_met":
-        return [s.index for s in outcome.steps]
-    keep = []
-    for load, want in ((outcome.rated_load, True), (outcome.first_fail_load, False)):
-        hits = [s.index for s in outcome.steps if s.load == load and s.passed == want]
-        keep += hits[-1:]
-    return keep
+    """The steps the verdict rests on (``SearchOutcome.deciding``): the measurements that agree with the
+    pass and the fail end (rated), the highest pass (never_broke), every counted step (never_met). A
+    late client elsewhere does not change it."""
+    return list(outcome.deciding)
+
+
+def disturbance(detail: dict[str, Any], bound_ms: float) -> str | None:
+    """Why a step's measurement cannot be trusted: its detail's ``disturbance`` (the load generator fell
+    behind), else a client p99 lateness over the bound (the step's summary is not ``valid``)."""
+    if detail.get("disturbed"):
+        return str(detail.get("disturbance") or "the load generator fell behind")
+    if detail.get("valid") is False:
+        p99 = ((detail.get("summary") or {}).get("client_lateness") or {}).get("p99_ms")
+        return (f"client p99 lateness {p99:.1f} ms over the {bound_ms:g} ms bound" if p99 is not None
+                else "the step's summary is not valid (client lateness)")
+    return None
+
+
+async def measure_step(runner: CapacityRunner, load: float, phase: str, index: int, draw: int) -> StepResult:
+    """One step through the runner, on arrival draw ``draw``, its disturbance filled in."""
+    if draw and "draw" in inspect.signature(runner.measure).parameters:
+        res = await runner.measure(load, phase, index, draw=draw)
+    else:
+        res = await runner.measure(load, phase, index)
+    if not res.disturbed:
+        res.disturbed = disturbance(res.detail, runner.plan.lateness_bound_ms)
+    return res
+
+
+def rate_interval(plan: CapacityPlan, summary: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``capacity.rating`` over the summary's counted steps and their requests; None without a verdict to
+    put an interval on (never_met, or nothing judged)."""
+    if summary.get("search_verdict") not in ("rated", "never_broke"):
+        return None
+    steps = summary["steps"]
+    return rating.rate(steps, plan.search.axis, rating.window_records(steps, records),
+                       confidence=plan.step.confidence, seed=plan.scenario.seed)
 
 
 def _f(x: float | None) -> str:
@@ -199,12 +284,12 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
     try:
         while runner.stopped is None and (nxt := search.next_step()) is not None:
             load, phase = nxt
-            res = await runner.measure(load, phase, len(search.steps))
+            res = await measure_step(runner, load, phase, len(search.steps), search.next_draw)
             if runner.stopped:  # a step cut by Ctrl-C or a dead target says nothing about the load
                 display.status(f"step {len(search.steps)} cut short: {runner.stopped}")
                 break
             step: Step = search.record(load, res)
-            display.end_step(res.detail | {"phase": step.phase})
+            display.end_step(step_entry(step))
             write_summary(run_dir, build_summary(plan, search.outcome(), meta=meta, duration_s=time.monotonic() - wall0,
                                           complete=False, stopped="in progress"))
     finally:
@@ -214,6 +299,10 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
     summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
                             complete=runner.stopped is None, stopped=runner.stopped)
     records = read_run_records(run_dir)
+    interval = rate_interval(plan, summary, records)
+    if interval is not None:
+        summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
+                                complete=runner.stopped is None, stopped=runner.stopped, interval=interval)
     summary["prompt_length"] = prompt_length_of(records)  # over every step's requests
     summary["prefix_cache"] = prefix_cache_check(records, read_metrics(Path(run_dir) / METRICS), runner.sharing.share)
     write_summary(run_dir, summary)

@@ -1,8 +1,10 @@
 """``slobench capacity``: check the scenario, run the capacity search, print the verdict.
 
-Exit 0 with a verdict (any of the three: rated, never_broke, never_met), 1 when the target failed,
-130 on Ctrl-C; everything measured is saved either way. Bad input is a UsageError (exit 2) before an
-engine starts."""
+Exit codes (``EXIT_CODES``, also in ``--help``): 0 with a verdict the steps support (rated,
+never_broke, never_met), 1 when the target failed, 2 for bad input (a UsageError, before an engine
+starts), 3 when the verdict is ``invalid`` (it rests on a step whose load generator fell behind even
+after its re-measures: the numbers are saved, but do not trust them), 130 on Ctrl-C; everything
+measured is saved either way."""
 
 from __future__ import annotations
 
@@ -11,8 +13,21 @@ import json
 import sys
 from typing import Any
 
-from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError, run_dir_from, target_options
+from loadgen.commands.common import (
+    EXIT_FAIL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    run_dir_from,
+    target_options,
+)
 from loadgen.commands.summary_table import print_target_fit
+
+EXIT_INVALID = 3
+EXIT_CODES = (f"exit codes: {EXIT_OK} a verdict (rated, never_broke, never_met); {EXIT_FAIL} the target failed; "
+              f"{EXIT_USAGE} bad input; {EXIT_INVALID} verdict invalid (it rests on a step whose load generator "
+              f"fell behind, even after re-measuring it); {EXIT_INTERRUPTED} Ctrl-C")
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -71,6 +86,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if res.stopped:
         say(f"capacity run ended early: {res.stopped}\n{len(s['steps'])} finished steps saved in {res.run_dir}")
         return EXIT_INTERRUPTED if res.stopped.startswith("interrupted") else EXIT_FAIL
+    if s.get("verdict") == "invalid":
+        say(f"invalid capacity run (exit {EXIT_INVALID}): {s.get('invalid_reason', '')}")
+        return EXIT_INVALID
     return EXIT_OK
 
 
@@ -85,11 +103,22 @@ def print_verdict(s: dict[str, Any]) -> None:
     con = Console()
     r = s.get("rated_capacity")
     unit = "req/s"
-    if r and s["verdict"] in ("rated", "never_broke"):
-        at_least = "at least " if s["verdict"] == "never_broke" else ""
-        con.print(f"[bold]rated capacity: {at_least}{r['rate_rps']:.3g} req/s[/]"
-                  + (f" at {r['load']:.0f} users" if s["axis"] == "concurrency" else "")
+    verdict = s.get("search_verdict") or s["verdict"]
+    if r and verdict in ("rated", "never_broke"):
+        at_least = "at least " if verdict == "never_broke" else ""
+        bad = "[bold red]INVALID[/] " if s["verdict"] == "invalid" else ""
+        con.print(f"{bad}[bold]rated capacity: {at_least}{r['rate_rps']:.3g} req/s[/]"
+                  + (f" at {r['load']:.0f} users" if s["axis"] == "concurrency" else
+                     (f" offered (requested {r['requested_rps']:.3g})" if r.get("requested_rps") else ""))
                   + f"  (spec capacity {r['spec_rate_rps']:.3g} {unit} with {100 * s['headroom']:g}% headroom)")
+        if r.get("ci_low") is not None:
+            of = "users" if r.get("ci_of") == "concurrency" else "req/s"
+            b = r.get("binding") or {}
+            con.print(f"{100 * r['confidence']:g}% interval: {r['ci_low']:.3g}–{r['ci_high']:.3g} {of} "
+                      f"(estimate {r['estimate']:.3g}); {r.get('boundary') or '-'} boundary; binding SLO: "
+                      f"{b.get('tier')} {b.get('metric')}"
+                      + ("" if r.get("confirmed") is None else
+                         ("; both ends confirmed on fresh arrivals" if r["confirmed"] else "; UNCONFIRMED")))
         if r.get("concurrency") is not None:
             con.print(f"concurrency there: {_num(r['concurrency_measured'])} in flight measured, "
                       f"{_num(r['concurrency_littles_law'])} by Little's law"
