@@ -191,8 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mock-server", help="a mock OpenAI-compatible target with exact timing")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--ttft-ms", type=float, default=50.0)
-    p.add_argument("--itl-ms", type=float, default=20.0)
+    p.add_argument("--ttft-ms", type=float, default=50.0,
+                   help="time to the first token (with --slots: after the request has its slot; plus "
+                        "--prefill-ms-per-token x its prompt tokens), default 50")
+    p.add_argument("--itl-ms", type=float, default=20.0, help="time between tokens, default 20")
     p.add_argument("--tokens", type=int, help="tokens per stream (default: the request's max_tokens)")
     p.add_argument("--model", default="mock")
     p.add_argument("--strict", action="store_true",
