@@ -3,11 +3,12 @@ a gate (``gate``), giving a ``GateReport`` with its exit code."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.gate.lookup import ALIASES, completed, load_summary, resolve
+from loadgen.gate.lookup import ALIASES, completed, interval, load_summary, resolve
 from loadgen.gate.rules import RELATIVE, Rule, default_rules, load_rules
 from loadgen.gate.values import MISSING, GateInputError, format_value, is_number
 
@@ -22,6 +23,7 @@ class Result:
     current: Any = None
     message: str = ""
     details: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)  # what a within_intervals check compared
 
     @property
     def change(self) -> str:
@@ -87,7 +89,10 @@ def evaluate_rule(rule: Rule, current: dict[str, Any], baseline: dict[str, Any])
                 raise GateInputError(f"metric {rule.metric!r} is null in the {side} summary ({cur_at})")
             raise GateInputError(f"metric {rule.metric!r} is not a number (run {cur!r} at {cur_at}, "
                                  f"baseline {base!r} at {base_at})")
-        ok, desc = _numeric_check(check, limit, cur, base, rule.abs_tolerance)
+        if check == "within_intervals":
+            ok, desc, res.figures = _interval_check(rule, limit, cur, base, current, baseline)
+        else:
+            ok, desc = _numeric_check(check, limit, cur, base, rule.abs_tolerance)
         res.details.append(desc)
         if not ok:
             fails.append(f"{rule.metric} = {format_value(cur)}, must be {desc}")
@@ -96,6 +101,30 @@ def evaluate_rule(rule: Rule, current: dict[str, Any], baseline: dict[str, Any])
     else:
         res.message = f"{rule.metric} = {format_value(cur)} ({', '.join(res.details)})"
     return res
+
+
+def _interval_check(rule: Rule, limit: float, cur: float, base: float, current: dict[str, Any],
+                    baseline: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
+    """``within_intervals``: (passed, the bound as printed, the figures compared). Both intervals: the
+    run's estimate must be at least the baseline's minus the root sum of squares of the baseline's lower
+    and the run's upper half-width; else ``min_ratio`` with ``limit``."""
+    ri, bi = interval(current, rule.metric), interval(baseline, rule.metric)
+    figures: dict[str, Any] = {"run_interval": list(ri[1:]) if ri else None,
+                               "run_estimate": ri[0] if ri else None,
+                               "baseline_interval": list(bi[1:]) if bi else None,
+                               "baseline_estimate": bi[0] if bi else None}
+    if ri is None or bi is None:
+        ok, desc = _numeric_check("min_ratio", limit, cur, base, rule.abs_tolerance)
+        missing = " and ".join(side for side, v in (("run", ri), ("baseline", bi)) if v is None)
+        figures.update(rule="fixed ratio", bound=base * limit - rule.abs_tolerance)
+        return ok, f"{desc} (no interval in the {missing})", figures
+    (r, r_lo, r_hi), (b, b_lo, b_hi) = ri, bi
+    slack = math.hypot(b - b_lo, r_hi - r)
+    bound = b - slack - rule.abs_tolerance
+    figures.update(rule="intervals", bound=bound, slack=slack)
+    desc = (f"estimate {r:.4g} ≥ baseline estimate {b:.4g} − √({b - b_lo:.3g}² + {r_hi - r:.3g}²) = {bound:.4g} "
+            f"(run interval [{r_lo:.4g}, {r_hi:.4g}], baseline [{b_lo:.4g}, {b_hi:.4g}])")
+    return r >= bound, desc, figures
 
 
 def _numeric_check(check: str, limit: float, cur: float, base: Any, tol: float) -> tuple[bool, str]:

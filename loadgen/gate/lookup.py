@@ -1,5 +1,6 @@
 """Finding a metric in a summary: reading the summary (a ``summary.json`` or a run folder), resolving a
-dotted path or alias, and the capacity rated step that run-level latency keys are read from."""
+dotted path or alias, the capacity rated step that run-level latency keys are read from, and the rated
+capacity's confidence interval (``interval``)."""
 
 from __future__ import annotations
 
@@ -64,9 +65,25 @@ def kind(summary: dict[str, Any]) -> str:
     return str(summary.get("kind") or ("capacity" if isinstance(summary.get("steps"), list) else "run"))
 
 
+def interval(summary: dict[str, Any], metric: str) -> tuple[float, float, float] | None:
+    """(estimate, low, high) of the confidence interval a capacity summary gives the metric (its
+    ``rated_capacity`` with ``ci_of`` naming the metric's field), or None."""
+    path = ALIASES.get(metric, metric)
+    head, _, field = path.partition(".")
+    rc = summary.get(head) if head == "rated_capacity" else None
+    if not isinstance(rc, dict) or rc.get("ci_of") != field:
+        return None
+    est, lo, hi = rc.get("estimate"), rc.get("ci_low"), rc.get("ci_high")
+    if not all(is_number(x) for x in (est, lo, hi)) or not lo <= est <= hi:
+        return None
+    return float(est), float(lo), float(hi)
+
+
 def rated_step(summary: dict[str, Any]) -> dict[str, Any] | None:
-    """The capacity summary's highest passing step (the lightest one when none passed)."""
-    steps = [s for s in summary.get("steps") or [] if isinstance(s, dict) and is_number(s.get("load"))]
+    """The capacity summary's highest passing step (the lightest one when none passed); a step the search
+    did not count (disturbed, measured again) is passed over."""
+    steps = [s for s in summary.get("steps") or [] if isinstance(s, dict) and is_number(s.get("load"))
+             and s.get("counted", True) is not False]
     if not steps:
         return None
     passed = [s for s in steps if s.get("passed") is True]

@@ -45,7 +45,12 @@ def junit_xml(rep: GateReport | None, error: str | None = None, run: str = "", b
             tc = ET.SubElement(suite, "testcase", classname="slobench.gate", name=r.rule.metric, time="0")
             counts["tests"] += 1
             body = (f"baseline: {format_value(r.baseline)}\nrun: {format_value(r.current)}\n"
-                    f"change: {r.change or '-'}\nrule: {', '.join(r.details) or r.rule.checks}\n")
+                    f"change: {r.change or '-'}\nrule: {', '.join(r.details) or r.rule.checks}\n"
+                    + "".join(f"{k}: {_fig(v)}\n" for k, v in r.figures.items()))
+            if r.figures:
+                tprops = ET.SubElement(tc, "properties")
+                for k, v in r.figures.items():
+                    ET.SubElement(tprops, "property", name=k, value=_fig(v))
             if r.status == "fail":
                 ET.SubElement(tc, "failure", message=r.message, type="regression").text = body
                 counts["failures"] += 1
@@ -62,6 +67,13 @@ def junit_xml(rep: GateReport | None, error: str | None = None, run: str = "", b
     root.append(suite)
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def _fig(v: Any) -> str:
+    """A figure of a rule (a number, an interval [low, high], a name) as the outputs print it."""
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(format_value(x) for x in v) + "]"
+    return format_value(v)
 
 
 def _md(x: Any) -> str:

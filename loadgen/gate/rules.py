@@ -5,6 +5,15 @@ A rule names a metric, a dotted path into summary.json (``rated_capacity.rate_rp
 ``tiers.premium.p99_ttft_ms``) or an alias (``rated_rps``, ``p99_ttft_ms``, ``error_rate``; see
 ``loadgen.gate.lookup.ALIASES``), and one or more checks:
 
+    within_intervals: 0.9 a capacity rated with confidence intervals (``rated_capacity.ci_low`` /
+                          ``ci_high``) on both sides: a regression when the run's estimate is below the
+                          baseline's by more than the two intervals allow together: run estimate <
+                          baseline estimate - sqrt(baseline's lower half-width^2 + run's upper
+                          half-width^2) (the difference's interval, at the runs' confidence, lies
+                          wholly below 0: two intervals that do not overlap always fail, ones that
+                          overlap fail only when the estimates are far apart for their widths). A
+                          side without an interval: ``min_ratio`` with this figure (current >= 0.9 x
+                          baseline)
     min_ratio: 0.9        current >= 0.9 x baseline (higher is better: capacity, throughput)
     max_ratio: 1.15       current <= 1.15 x baseline (lower is better: latency)
     max_increase: 0.01    current - baseline <= 0.01 (absolute; error rates)
@@ -29,20 +38,22 @@ import yaml
 from loadgen.gate.lookup import kind
 from loadgen.gate.values import GateInputError, is_number
 
-CHECKS = ("min_ratio", "max_ratio", "max_increase", "max_decrease", "min", "max", "equals")
+CHECKS = ("within_intervals", "min_ratio", "max_ratio", "max_increase", "max_decrease", "min", "max", "equals")
 OPTIONS = ("abs_tolerance", "min_samples", "required", "description")
-RELATIVE = ("min_ratio", "max_ratio", "max_increase", "max_decrease")
+RELATIVE = ("within_intervals", "min_ratio", "max_ratio", "max_increase", "max_decrease")
 
-# Defaults, chosen for the noise a load test really has. Capacity: the bisection stops within 5% and
-# repeated searches spread by a few percent more, so a 10% drop is a regression. Fixed-load runs:
+# Defaults, chosen for the noise a load test really has. Capacity: how far apart two ratings may be is
+# what their own confidence intervals say (``within_intervals``); runs without one (older summaries, a
+# never_broke lower bound) fall back to a 10% drop: the bisection stops within 5% and repeated searches
+# spread by a few percent more. Fixed-load runs:
 # medians are stable to a few percent, p99s much less (skipped under 100 samples), and every latency
 # rule carries an absolute slack so a 1 ms target moving to 1.3 ms is not a "30% regression".
 DEFAULT_RULES_CAPACITY: dict[str, dict[str, Any]] = {
-    "rated_capacity.rate_rps": {"min_ratio": 0.90},
+    "rated_capacity.rate_rps": {"within_intervals": 0.90},
     "valid": {"equals": True},
 }
 DEFAULT_RULES_CAPACITY_CONCURRENCY: dict[str, dict[str, Any]] = {
-    "rated_capacity.concurrency": {"min_ratio": 0.90},
+    "rated_capacity.concurrency": {"within_intervals": 0.90},
     "valid": {"equals": True},
 }
 DEFAULT_RULES_RUN: dict[str, dict[str, Any]] = {

@@ -1,0 +1,104 @@
+"""slobench gate on two capacity runs that carry confidence intervals on their rated capacity
+(``rated_capacity.ci_low`` / ``ci_high``): the default rule asks the intervals, and falls back to the
+fixed 0.9 x baseline without them; the figures reach the text, JUnit and the GitHub step summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from loadgen import gate as G
+from loadgen.cli import main
+
+from .test_report_fixtures import make_capacity_run
+
+
+def with_interval(path: Path, est: float, lo: float, hi: float, *, rate: float | None = None) -> Path:
+    p = path / "summary.json"
+    s = json.loads(p.read_text())
+    s["rated_capacity"].update(rate_rps=rate if rate is not None else est, estimate=est, ci_low=lo, ci_high=hi,
+                               ci_of="rate_rps", confidence=0.95, boundary="cliff",
+                               binding={"tier": "premium", "metric": "ttft_ms"})
+    p.write_text(json.dumps(s))
+    return path
+
+
+@pytest.fixture
+def pair(tmp_path):
+    return make_capacity_run(tmp_path / "run"), make_capacity_run(tmp_path / "base", seed=3)
+
+
+def gate(capsys, run, base, tmp_path):
+    rc = main(["gate", str(run), "--baseline", str(base), "--junit", str(tmp_path / "j.xml")])
+    return rc, capsys.readouterr().out, ET.parse(tmp_path / "j.xml").getroot()
+
+
+def case(root, name):
+    return next(c for c in root.findall("./testsuite/testcase") if c.get("name") == name)
+
+
+def test_overlapping_intervals_pass_even_past_the_fixed_ratio(pair, tmp_path, capsys, monkeypatch):
+    """A 14 % lower rating whose interval overlaps the baseline's: the fixed rule would fail it; the
+    intervals say the runs are not told apart."""
+    md = tmp_path / "gh.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(md))
+    run, base = with_interval(pair[0], 8.6, 7.4, 9.9), with_interval(pair[1], 10.0, 8.9, 11.2)
+    rc, out, root = gate(capsys, run, base, tmp_path)
+    slack = math.hypot(10.0 - 8.9, 9.9 - 8.6)
+    assert rc == 0, out
+    assert f"= {10.0 - slack:.4g}" in out and "run interval [7.4, 9.9], baseline [8.9, 11.2]" in out
+    tc = case(root, "rated_capacity.rate_rps")
+    assert tc.find("failure") is None
+    props = {p.get("name"): p.get("value") for p in tc.findall("./properties/property")}
+    assert props["rule"] == "intervals" and props["run_interval"] == "[7.4, 9.9]"
+    assert props["baseline_interval"] == "[8.9, 11.2]" and float(props["bound"]) == pytest.approx(10.0 - slack, 1e-3)
+    assert "baseline_interval: [8.9, 11.2]" in tc.find("system-out").text
+    assert "run interval [7.4, 9.9], baseline [8.9, 11.2]" in md.read_text()
+
+
+def test_separated_intervals_fail_even_inside_the_fixed_ratio(pair, tmp_path, capsys, monkeypatch):
+    """A 6 % lower rating with narrow intervals that do not overlap: a real regression, which the fixed
+    0.9 rule would let through."""
+    md = tmp_path / "gh.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(md))
+    run, base = with_interval(pair[0], 9.4, 9.2, 9.6), with_interval(pair[1], 10.0, 9.8, 10.2)
+    rc, out, root = gate(capsys, run, base, tmp_path)
+    assert rc == 1 and "FAIL  rated_capacity.rate_rps" in out
+    f = case(root, "rated_capacity.rate_rps").find("failure")
+    assert f is not None and "run interval [9.2, 9.6], baseline [9.8, 10.2]" in f.get("message")
+    assert "run_interval: [9.2, 9.6]" in f.text and "baseline_estimate: 10" in f.text
+    assert "| ❌ | rated_capacity.rate_rps |" in md.read_text() and "baseline [9.8, 10.2]" in md.read_text()
+
+
+def test_the_rule_is_the_difference_of_the_two_intervals():
+    rule = G.parse_rules({"rated_capacity.rate_rps": {"within_intervals": 0.9}})[0][0]
+    base = {"kind": "capacity", "rated_capacity": {"rate_rps": 10.0, "estimate": 10.0, "ci_low": 9.0,
+                                                   "ci_high": 11.0, "ci_of": "rate_rps"}}
+
+    def run(est, half):
+        return {"kind": "capacity", "rated_capacity": {"rate_rps": est, "estimate": est, "ci_low": est - half,
+                                                       "ci_high": est + half, "ci_of": "rate_rps"}}
+
+    bound = 10.0 - math.hypot(1.0, 1.0)  # 8.586
+    assert G.evaluate_rule(rule, run(8.6, 1.0), base).status == "pass"
+    r = G.evaluate_rule(rule, run(8.55, 1.0), base)  # overlapping intervals, estimates too far apart
+    assert r.status == "fail" and r.figures["bound"] == pytest.approx(bound)
+    assert G.evaluate_rule(rule, run(12.0, 1.0), base).status == "pass"  # better is never a regression
+    # an interval of another metric (ci_of) does not count: the fixed ratio decides
+    other = run(8.6, 1.0)
+    other["rated_capacity"]["ci_of"] = "concurrency"
+    r = G.evaluate_rule(rule, other, base)
+    assert r.status == "fail" and r.figures["rule"] == "fixed ratio" and "no interval in the run" in r.details[0]
+
+
+def test_without_intervals_the_fixed_rule_decides(pair, tmp_path, capsys):
+    run = with_interval(pair[0], 8.6, 7.4, 9.9)  # the baseline (an older summary) has none
+    rc, out, root = gate(capsys, run, pair[1], tmp_path)
+    assert rc == 1 and "≥ 0.9 × baseline = 9 (no interval in the baseline)" in out
+    props = {p.get("name"): p.get("value") for p in case(root, "rated_capacity.rate_rps").findall(".//property")}
+    assert props["rule"] == "fixed ratio" and props["baseline_interval"] == "null"
+    assert props["run_interval"] == "[7.4, 9.9]"
