@@ -148,7 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     _common_run_args(p)
 
-    p = sub.add_parser("capacity", help="rated capacity: ramp the load until an SLO breaks, then bisect")
+    p = sub.add_parser("capacity", help="rated capacity: ramp the load until an SLO breaks, then bisect",
+                       epilog="exit codes: 0 a verdict (rated, never_broke, never_met); 1 the target failed; "
+                              "2 bad input; 3 verdict invalid: it rests on a step whose load generator fell "
+                              "behind, even after re-measuring it (the numbers are saved; do not trust them); "
+                              "130 Ctrl-C")
     p.add_argument("scenario", type=Path)
     p.add_argument("--target",
                    help="base URL of an OpenAI-compatible server (default: start the reference engine)")
