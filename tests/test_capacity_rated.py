@@ -124,3 +124,12 @@ def test_capacity_exits_3_when_the_verdict_rests_on_a_disturbed_step(mock_server
     assert [st["attempt"] for st in s["steps"]] == [1, 2, 3] and [st["remeasured_of"] for st in s["steps"]] == \
         [None, 0, 1]
     assert [st["counted"] for st in s["steps"]] == [False, False, True]
+
+
+def test_help_names_the_exit_codes():
+    from loadgen.cli import build_parser
+    from loadgen.commands.capacity import EXIT_INVALID
+
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd")
+    text = sub.choices["capacity"].format_help()
+    assert EXIT_INVALID == 3 and "3 verdict invalid" in " ".join(text.split()) and "130 Ctrl-C" in text

@@ -1,6 +1,6 @@
 """``slobench capacity``: check the scenario, run the capacity search, print the verdict.
 
-Exit codes (``EXIT_CODES``, also in ``--help``): 0 with a verdict the steps support (rated,
+Exit codes (also in ``--help``, ``cli.py``): 0 with a verdict the steps support (rated,
 never_broke, never_met), 1 when the target failed, 2 for bad input (a UsageError, before an engine
 starts), 3 when the verdict is ``invalid`` (it rests on a step whose load generator fell behind even
 after its re-measures: the numbers are saved, but do not trust them), 130 on Ctrl-C; everything
@@ -17,7 +17,6 @@ from loadgen.commands.common import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_USAGE,
     UsageError,
     run_dir_from,
     target_options,
@@ -25,9 +24,6 @@ from loadgen.commands.common import (
 from loadgen.commands.summary_table import print_target_fit
 
 EXIT_INVALID = 3
-EXIT_CODES = (f"exit codes: {EXIT_OK} a verdict (rated, never_broke, never_met); {EXIT_FAIL} the target failed; "
-              f"{EXIT_USAGE} bad input; {EXIT_INVALID} verdict invalid (it rests on a step whose load generator "
-              f"fell behind, even after re-measuring it); {EXIT_INTERRUPTED} Ctrl-C")
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
