@@ -21,9 +21,11 @@ and around them, the SLO actually breaks, and how sure the steps are of it:
   replicates' percentiles at the confidence level (0.95: 2.5 % and 97.5 %), widened to the estimate in
   the rare case the percentiles leave it out. Seeded: the same run gives the same interval. A step without its records
   (a summary read alone) varies instead as a log-normal around its quantile whose width is its own
-  bootstrap interval (``ci_low_ms`` / ``ci_high_ms``); ``method`` says which were used. A lower-bound
-  margin (a step stopped at its breach) is resampled as what it is, so the interval is, if anything,
-  too low, never too high.
+  bootstrap interval (``ci_low_ms`` / ``ci_high_ms``); ``method`` says which were used. A step stopped
+  at its breach has only a lower-bound margin (its requests still in flight count with the time they had
+  waited): the fit is then too low at that load and the crossing, with its interval, leans high;
+  ``breach_lower_bounds`` counts such steps among the binding SLO's points. The rating itself stays the
+  search's pass end (``rate_rps``); the estimate and interval say how sharply the steps place it.
 - **Boundary.** ``margin_load_ratio`` = load at margin 1.2 / load at margin 0.8 on the binding SLO's fit
   (log-log interpolation; where the fit does not reach one of them, the slope of the segment that
   crosses 1 extends it). ``boundary`` is ``"cliff"`` when that ratio is at most ``CLIFF_RATIO`` (1.10:
@@ -157,6 +159,7 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
     ``steps`` (counted ones: a step re-measured because it was disturbed is left out) and, when given,
     the run's records by stage. None when no step judged an SLO."""
     pts: dict[tuple[str, str], list[tuple[float, float, float, dict, float, int]]] = {}
+    breach: dict[tuple[str, str], set] = {}
     for st in steps:
         if st.get("counted") is False:
             continue
@@ -170,6 +173,8 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
                 m = _margin(j.get("value_ms_q"), float(j["threshold_ms"]))
                 q = float(e.get("quantile") or 0.99)
                 pts.setdefault((tier, metric), []).append((x, math.log(m), float(j["n"]), j, q, st.get("index")))
+                if st.get("early") == "breach":
+                    breach.setdefault((tier, metric), set()).add(st.get("index"))
     if not pts:
         return None
     z = _z(confidence)
@@ -209,7 +214,7 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
         "binding": {"tier": binding[0], "metric": binding[1]},
         "crossings": [{"tier": t, "metric": m, "load": v, "open": o} for (t, m), (v, o) in sorted(est.items())],
         "boundary": None if ratio is None else ("cliff" if ratio <= CLIFF_RATIO else "gradual"),
-        "margin_load_ratio": ratio,
+        "margin_load_ratio": ratio, "breach_lower_bounds": len(breach.get(binding, ())),
         "method": "isotonic fit of log(margin) on " + ("users" if axis == "concurrency" else "offered rate")
                   + f"; bootstrap ({n_boot}) of " + " and ".join(
                       {"requests": "each step's requests", "interval": "each step's quantile interval"}[m]
