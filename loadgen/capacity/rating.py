@@ -202,7 +202,7 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
     binding = min(est, key=lambda k: est[k][0])
     value, open_end = est[binding]
     a = (1.0 - confidence) / 2.0
-    lo, hi = (float(np.quantile(boot, a)), float(np.quantile(boot, 1.0 - a)))
+    lo, hi = latency.quantile(boot, a), latency.quantile(boot, 1.0 - a)  # the one quantile rule
     rows = sorted(pts[binding], key=lambda r: r[0])
     ux, inv = np.unique([r[0] for r in rows], return_inverse=True)
     w = np.asarray([r[2] for r in rows])
