@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import json
 import signal
 import time
@@ -193,10 +192,7 @@ def disturbance(detail: dict[str, Any], bound_ms: float) -> str | None:
 
 async def measure_step(runner: CapacityRunner, load: float, phase: str, index: int, draw: int) -> StepResult:
     """One step through the runner, on arrival draw ``draw``, its disturbance filled in."""
-    if draw and "draw" in inspect.signature(runner.measure).parameters:
-        res = await runner.measure(load, phase, index, draw=draw)
-    else:
-        res = await runner.measure(load, phase, index)
+    res = await runner.measure(load, phase, index, draw=draw)
     if not res.disturbed:
         res.disturbed = disturbance(res.detail, runner.plan.lateness_bound_ms)
     return res
