@@ -116,10 +116,13 @@ def plan(tmp_path, extra: str = "") -> CapacityPlan:
 
 
 def recs(n: int, w0: float, gap: float, ttft: float, over_every: int = 0) -> list[RequestRecord]:
+    """n requests ``gap`` apart from ``w0``, first tokens after about ``ttft`` s (independent jitter);
+    every ``over_every``-th one after 1 s."""
     out = []
+    jitter = np.random.default_rng(5).uniform(0.5, 1.5, n)
     for i in range(n):
         s = w0 + i * gap
-        f = s + (1.0 if over_every and i % over_every == 0 else ttft)
+        f = s + (1.0 if over_every and i % over_every == 0 else ttft * jitter[i])
         out.append(RequestRecord(f"r{i}", 0, "standard", s, sent_s=s, first_token_s=f, token_s=[f], done_s=f + 0.01,
                                  output_tokens=1, status="ok"))
     return out
@@ -179,3 +182,12 @@ def test_search_section_options_are_validated(tmp_path):
                      (", alpha: 0.7", "search.alpha"), (", alpha_spending: magic", "search.alpha_spending")):
         with pytest.raises(ScenarioError, match=key):
             plan(tmp_path, bad)
+
+
+def test_runs_of_exceedances_and_the_effective_sample_size():
+    from loadgen.results.sequential import clusters, effective_n
+    flags = np.array([0, 1, 1, 0, 1, 0, 0, 0, 1, 0], dtype=bool)
+    assert clusters(flags, 0) == 4 and clusters(flags, 2) == 2 and clusters(flags, 1) == 3
+    rng = np.random.default_rng(0)
+    assert effective_n(rng.lognormal(size=400)) > 300  # independent: nearly all of them
+    assert effective_n(np.cumsum(rng.normal(size=400)) + 100) < 40  # a queue's slow drift: very few

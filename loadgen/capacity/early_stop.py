@@ -11,12 +11,18 @@ request still waiting the time it has waited, a lower bound). A step is decided 
   requests (scheduled at least a threshold ago, so their outcome against it is known): a breach when the
   count over the threshold crosses the upper boundary (one SLO is enough: the step fails), a pass when
   every SLO's count has crossed its lower one. Alpha spending over the step's looks bounds the false
-  breach (and false pass) rate at ``alpha`` per SLO, however often it looks (``bench/early_stop_bench.py``
-  measures it). A p99 needs some 300 settled requests before a pass can be told this way.
+  breach (and false pass) rate at ``alpha`` per SLO for independent requests, however often it looks
+  (``bench/early_stop_bench.py`` measures it). A queue delays requests in runs, and counted one by one
+  they look far less likely than they are (an M/M/1 queue at its p99: ~17 % false breaches), so the
+  breach side counts a run of exceedances (at most ``decluster_run`` requests apart) as one event (~2 %).
+  The pass side counts every exceedance against the *effective* sample size (``effective_n``: the
+  settled requests discounted by their lag-1 autocorrelation, for the same reason: a window can miss a
+  queue's slow stretches); a p99 needs some 300 independent settled requests before it can pass so.
 - **clear pass** (ramp steps only, ``early_pass``, after ``min_window_s`` of the window): every SLO's
-  quantile, over at least ``CLEAR_PASS_MIN`` settled requests of all tiers pooled, is under ``pass_margin``
-  x its threshold. A heuristic, *not* error-bounded (far below the knee there is nothing more to learn;
-  the bench gives its false-pass rate at the threshold); bisection steps, near the knee, never use it.
+  quantile, over at least ``CLEAR_PASS_MIN`` settled requests of all tiers pooled (and as many effective
+  ones, ``effective_n``), is under ``pass_margin`` x its threshold. A heuristic, *not* error-bounded (far
+  below the knee there is nothing more to learn; the bench gives its false-pass rate at the threshold);
+  bisection steps, near the knee, never use it.
 - **cap**: none of these by ``step_duration_s``: the point estimate on the whole window judges, and the
   step says it was undecided.
 """
@@ -32,7 +38,7 @@ import numpy as np
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.results import latency
 from loadgen.results.records import RequestRecord
-from loadgen.results.sequential import SequentialTest
+from loadgen.results.sequential import SequentialTest, clusters, effective_n
 from loadgen.results.slo import breach_certain
 
 CLEAR_PASS_MIN = 30  # settled requests before a step may pass early
@@ -58,9 +64,11 @@ class StepLooks:
         self.plan, self.w0, self.w1, self.planned, self.phase = plan, w0, w1, planned, phase
         self.horizon = max(s.threshold_ms for ss in plan.slos.values() for s in ss) / 1000.0
         opts = plan.step
-        self.tests = {(tier, slo.metric): SequentialTest(slo.quantile if slo.quantile else plan.quantile(tier),
-                                                         opts.alpha, opts.alpha_spending)
-                      for tier, slos in plan.slos.items() for slo in slos}
+        keys = [(tier, slo) for tier, slos in plan.slos.items() for slo in slos]
+        self.tests = {(tier, slo.metric): SequentialTest(slo.quantile, opts.alpha, opts.alpha_spending)
+                      for tier, slo in keys}  # the breach side
+        self.pass_tests = {(tier, slo.metric): SequentialTest(slo.quantile, opts.alpha, opts.alpha_spending)
+                           for tier, slo in keys}  # the pass side, on the effective sample size
         self.samples: dict[str, dict[str, int]] = {}
         self.looks = 0
 
@@ -92,17 +100,22 @@ class StepLooks:
                     breach = Decision("breach", "certain", f"{what} whatever follows: {n_over} of "
                                       f"{self.planned.get(tier, 0)} planned window requests already over")
                 settled = known if final else known & (sched <= t - slo.threshold_ms / 1000.0)
-                n, over = int(settled.sum()), int((vals[settled] > slo.threshold_ms).sum())
+                ordered = vals[settled][np.argsort(sched[settled], kind="stable")]
+                flags = ordered > slo.threshold_ms
+                n, over = int(settled.sum()), int(flags.sum())
+                events = clusters(flags, plan.step.decluster_run)
                 self.samples.setdefault(tier, {})[slo.metric] = n
-                test = self.tests[(tier, slo.metric)]
-                if test.look(frac, n, over, pass_side=test.decision is None) == "breach" and breach is None:
+                test, ptest = self.tests[(tier, slo.metric)], self.pass_tests[(tier, slo.metric)]
+                if ptest.decision is None:
+                    ptest.look(frac, effective_n(np.minimum(ordered, 1e300)), over, breach_side=False)
+                if test.look(frac, n, over, pass_side=False, events=events) == "breach" and breach is None:
                     breach = Decision("breach", "confidence",
-                                      f"{what}: {over} of {n} settled requests over it, past the sequential "
-                                      f"boundary (alpha {plan.step.alpha:g}, look {test.looks})")
+                                      f"{what}: {over} of {n} settled requests over it ({events} runs), past the "
+                                      f"sequential boundary (alpha {plan.step.alpha:g}, look {test.looks})")
         if breach is not None:
             breach.samples = self.copy_samples()
             return breach
-        if self.tests and all(ts.decision == "pass" for ts in self.tests.values()):
+        if self.pass_tests and all(ts.decision == "pass" for ts in self.pass_tests.values()):
             return Decision("pass", "confidence", "every SLO within its threshold past the sequential boundary "
                             f"(alpha {plan.step.alpha:g})", self.copy_samples())
         if final or not (plan.step.early_pass and self.phase == "ramp" and t >= self.w0 + min_window_s(plan)):
@@ -118,7 +131,7 @@ def clear_pass_reason(plan: CapacityPlan, records: Sequence[RequestRecord], w0: 
     """Why the step has clearly passed, or None. Pooling the tiers lets a light load decide early; it is
     conservative for a prioritised tier (premium is served first, so its latencies sit below the pool's)."""
     horizon = max(s.threshold_ms for ss in plan.slos.values() for s in ss) / 1000.0
-    settled = [r for r in records if w0 <= r.scheduled_s <= t - horizon]
+    settled = sorted((r for r in records if w0 <= r.scheduled_s <= t - horizon), key=lambda r: r.scheduled_s)
     if len(settled) < CLEAR_PASS_MIN:
         return None
     margin = plan.step.pass_margin
@@ -126,7 +139,7 @@ def clear_pass_reason(plan: CapacityPlan, records: Sequence[RequestRecord], w0: 
     for slos in plan.slos.values():
         for slo in slos:
             v = latency.slo_values(settled, slo.metric, t)
-            if v.size < CLEAR_PASS_MIN:
+            if v.size < CLEAR_PASS_MIN or effective_n(v) < CLEAR_PASS_MIN:  # a queue's latencies move together
                 return None
             ratio = latency.quantile(v, slo.quantile) / slo.threshold_ms
             if not ratio <= margin:

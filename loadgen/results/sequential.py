@@ -54,6 +54,36 @@ def spent(kind: str, alpha: float, t: float) -> float:
     raise ValueError(f"alpha spending must be one of {', '.join(SPENDING)}, got {kind!r}")
 
 
+def clusters(over: np.ndarray, run: int) -> int:
+    """The exceedances (``over``: one flag per request, in scheduled order) counted as clusters: an
+    exceedance at most ``run`` requests after the one before belongs to its cluster (runs declustering).
+    A queue's requests are over the threshold in runs (one long queue delays all of them); counting a run
+    as one event keeps the count near binomial, and never above the plain count, so the bound still holds
+    for independent requests. ``run`` 0: the plain count."""
+    idx = np.flatnonzero(over)
+    if idx.size == 0 or run <= 0:
+        return int(idx.size)
+    return 1 + int((idx[1:] - idx[:-1] > run).sum())
+
+
+def effective_n(values: np.ndarray) -> int:
+    """How many independent requests ``values`` (latencies in scheduled order) are worth for the pass side:
+    n (1 - r) / (1 + r), r the lag-1 autocorrelation of their logarithms (a failed request's ``inf`` at
+    twice the largest finite value; r at least 0; an AR(1)'s effective sample size). A queue's latencies
+    rise and fall together: a window can miss its slow stretches entirely, so their exceedance count is
+    zero far more often than a binomial's."""
+    n = int(values.size)
+    if n < 3:
+        return n
+    v = np.asarray(values, dtype=float)
+    finite = v[np.isfinite(v)]
+    x = np.log1p(np.clip(np.where(np.isfinite(v), v, 2.0 * finite.max() if finite.size else 1.0), 0.0, None))
+    a, b = x[:-1] - x[:-1].mean(), x[1:] - x[1:].mean()
+    den = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
+    r = max(0.0, float((a * b).sum()) / den) if den > 0 else 0.0  # all equal: nothing to discount
+    return int(n * (1.0 - r) / (1.0 + r))
+
+
 def binom_pmf(m: int, q: float) -> np.ndarray:
     """P(Binomial(m, q) = k) for k = 0..m."""
     if m <= 0:
@@ -83,7 +113,7 @@ class SequentialTest:
         spent(spending, alpha, 1.0)  # check the kind
         self.q0 = 1.0 - quantile
         self.alpha, self.spending = alpha, spending
-        self.t_last, self.looks, self.n, self.over = 0.0, 0, 0, 0
+        self.t_last, self.looks, self.n, self.over, self.events = 0.0, 0, 0, 0, 0
         self.up = np.ones(1)  # P(count = c and never at the upper boundary), c = 0, 1, ...
         self.lo = np.ones(1)  # P(count = c and never at or under the lower boundary)
         self.spent_up = self.spent_lo = 0.0  # the probability of having crossed so far (<= A(t))
@@ -91,16 +121,19 @@ class SequentialTest:
         self.decision: str | None = None
         self.samples: int | None = None  # the settled requests at the deciding look
 
-    def look(self, t_frac: float, n: int, over: int, pass_side: bool = True) -> str | None:
-        """One look at information fraction ``t_frac`` (0..1, never less than the last look's)."""
+    def look(self, t_frac: float, n: int, over: int, pass_side: bool = True, events: int | None = None,
+             breach_side: bool = True) -> str | None:
+        """One look at information fraction ``t_frac`` (0..1, never less than the last look's). ``events``:
+        the exceedances as clusters (``clusters``), which the breach side counts (default: ``over``)."""
         t = min(max(t_frac, self.t_last), 1.0)
         budget = spent(self.spending, self.alpha, t)
         self.t_last, self.looks = t, self.looks + 1
         n, over = max(n, self.n), max(over, self.over)
+        events = over if events is None else min(over, max(events, self.events))
         if n > self.n:
             pmf = binom_pmf(n - self.n, self.q0)
             self.up, self.lo = np.convolve(self.up, pmf), _trim(np.convolve(self.lo, pmf))
-        self.n, self.over = n, over
+        self.n, self.over, self.events = n, over, events
         hi = lo = None
         tail = np.cumsum(self.up[::-1])[::-1]  # tail[c] = P(count >= c, not stopped)
         fits = np.nonzero(self.spent_up + tail <= budget)[0]
@@ -115,7 +148,7 @@ class SequentialTest:
             self.spent_lo += float(head[lo])
             self.lo[: lo + 1] = 0.0
         self.bounds.append((n, lo, hi))
-        if hi is not None and over >= hi:
+        if breach_side and hi is not None and events >= hi:
             return self._decide("breach", n)
         if pass_side and lo is not None and over <= lo:
             return self._decide("pass", n)

@@ -67,6 +67,7 @@ class StepOptions:
     alpha: float = 0.05  # the sequential test's error bound per SLO and side (false breach, false pass)
     alpha_spending: str = "pocock"  # pocock | obrien_fleming | linear (Bonferroni over equal looks)
     look_interval_s: float = 0.5  # the sequential test looks this often
+    decluster_run: int = 2  # breach side: exceedances at most this many requests apart count as one (0: off)
 
     def __post_init__(self) -> None:
         if self.max_warmup_s is None:

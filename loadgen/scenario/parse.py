@@ -168,6 +168,7 @@ def _parse_search(node: MappingNode) -> tuple[SearchConfig, StepOptions]:
         alpha=node.get("alpha", float, 0.05, positive=True),
         alpha_spending=node.get("alpha_spending", str, "pocock", choices=SPENDING),
         look_interval_s=node.get("look_interval_s", float, 0.5, positive=True),
+        decluster_run=node.get("decluster_run", int, 2, min_value=0),
     )
     if not step.warmup_s < step.step_duration_s:
         raise ScenarioError(f"search.warmup_s: expected less than step_duration_s ({step.step_duration_s:g}), "
