@@ -30,15 +30,22 @@ search:                    # for ``slobench capacity`` (see loadgen/capacity/)
   start: 2                 # first load of the ramp
   growth: 2.0              # ramp factor
   tolerance: 0.05          # bisection stops when (first fail - last pass) / last pass <= this
-  step_duration_s: 15      # each step sends for this long; its first warmup_s are discarded
-  warmup_s: 3
+  step_duration_s: 15      # the most a step sends (its cap); a step decided sooner stops then
+  warmup_s: 3              # the least warm-up; it goes on while the in-flight count rises ...
+  max_warmup_s: null       # ... up to this (default 2 x warmup_s, at most half the step)
+  steady_interval_s: 1.0   # in-flight means of successive intervals this long are compared
+  steady_tolerance: 0.1    # a rise of more than this share (+ 1 request) is still a trend
+  alpha: 0.05              # the sequential test's false breach (and false pass) bound per SLO
+  alpha_spending: pocock   # pocock | obrien_fleming | linear
+  look_interval_s: 0.5     # the sequential test looks this often
+  decluster_run: 2         # exceedances at most this many requests apart count as one (breach side)
   max_steps: 12
   min_load: null           # never_met below it (default start / growth^2; 1 user)
   max_load: null           # never_broke above it (default start * growth^(max_steps - 1))
   quantile: 0.99           # SLO quantile (a tier's slo.quantile overrides it)
   confidence: 0.95         # bootstrap interval of the quantile
   drain_s: null            # after sending: wait this long for answers (default 2x the largest SLO)
-  early_stop: true         # end a step once its breach is certain ...
+  early_stop: true         # end a step once decided (a certain breach, the sequential test) ...
   early_pass: true         # ... or (ramp steps) once every SLO quantile is under pass_margin x its threshold
   pass_margin: 0.5
 headroom: 0.2              # spec capacity = rated x (1 - headroom)
