@@ -40,7 +40,7 @@ class StepWindow:
     stop_reason: str | None = None
     stopped_at: float | None = None  # an early stop ends the window here
     cut: bool = False  # requests still in flight at the end of the drain were cancelled
-    steady: bool | None = None  # the in-flight count settled before the window (False: the warm-up cap; None:
+    steady: bool | None = None  # the in-flight count settled before the window (False: still rising at the cap; None:
     #                             not measured, the warm-up floor)
     decision: str | None = None  # "breach" | "pass": what decided the step (None: the cap, point estimate)
     decided_by: str = "cap"  # "certain" | "confidence" | "clear_pass" | "cap"
