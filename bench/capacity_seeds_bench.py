@@ -1,0 +1,84 @@
+"""`slobench capacity` on the embedded engine, as a user runs it, once per seed: the rated capacity, its
+confidence interval, and the wall time of each run.
+
+    python bench/capacity_seeds_bench.py [--scenario scenarios/chat.yaml] [--seeds 1 2 3]
+                                         [--out bench/results/capacity-seeds.json]
+
+Each seed is one ``slobench capacity SCENARIO --seed S`` subprocess (its own embedded engine, default
+settings). Written: per seed the verdict, ``rated_capacity`` (offered ``rate_rps``, ``requested_rps``, the
+interval ``ci_low`` / ``ci_high``, ``boundary``, ``binding``), steps, the run's own duration and the wall time
+of the command (engine start-up included); overall the spread of the ratings ((max - min) / median) and
+whether each rating lies inside every other run's interval. Goals from the issue: spread <= 5%, each within
+its neighbours' intervals, wall time <= 4 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
+
+
+def run_seed(scenario: Path, seed: int, work: Path) -> dict:
+    out = work / f"seed-{seed}"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "loadgen.cli", "capacity", str(scenario), "--seed", str(seed),
+                        "--out", str(out), "--no-progress", "--no-report"], cwd=REPO, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    if not (out / "summary.json").exists():
+        return {"seed": seed, "returncode": r.returncode, "wall_s": round(wall, 1), "error_text": r.stderr[-2000:]}
+    s = json.loads((out / "summary.json").read_text())
+    rc = s.get("rated_capacity") or {}
+    keep = ("rate_rps", "requested_rps", "estimate", "ci_low", "ci_high", "boundary", "binding", "confirmed")
+    return {"seed": seed, "returncode": r.returncode, "verdict": s.get("verdict"), "valid": s.get("valid"),
+            "rated_capacity": {k: rc.get(k) for k in keep}, "steps": len(s.get("steps") or []),
+            "phases": [st.get("phase") for st in s.get("steps") or []],
+            "run_duration_s": s.get("duration_s"), "wall_s": round(wall, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "chat.yaml")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "capacity-seeds.json")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="capacity-seeds-"))
+    runs = []
+    for seed in args.seeds:
+        print(f"seed {seed}: slobench capacity {args.scenario} ...", flush=True)
+        runs.append(run_seed(args.scenario, seed, work))
+        print("  " + json.dumps(runs[-1]), flush=True)
+    rated = [r["rated_capacity"]["rate_rps"] for r in runs if (r.get("rated_capacity") or {}).get("rate_rps")]
+    inside = {}
+    for r in runs:
+        rc = r.get("rated_capacity") or {}
+        others = [o for o in runs if o is not r and (o.get("rated_capacity") or {}).get("ci_low") is not None]
+        if rc.get("rate_rps") is not None and others:
+            inside[str(r["seed"])] = all(
+                o["rated_capacity"]["ci_low"] <= rc["rate_rps"] <= o["rated_capacity"]["ci_high"] for o in others)
+    result = {
+        "bench": "capacity_seeds_bench", "when": now_iso(), "git_commit": git_commit(), "machine": machine(),
+        "versions": versions(), "scenario": str(args.scenario.relative_to(REPO) if args.scenario.is_absolute()
+                                                 and REPO in args.scenario.parents else args.scenario),
+        "runs": runs,
+        "spread": (max(rated) - min(rated)) / statistics.median(rated) if len(rated) >= 2 else None,
+        "inside_others_intervals": inside,
+        "max_wall_s": max(r["wall_s"] for r in runs),
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("spread", "inside_others_intervals", "max_wall_s")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
