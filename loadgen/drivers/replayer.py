@@ -12,7 +12,6 @@ from the scheduled time, never from a late send.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 from collections.abc import Callable, Iterable, Iterator
 
@@ -30,20 +29,9 @@ from loadgen.target.sse import StreamError
 from loadgen.workload.specs import RequestSpec
 
 
-def cycle_until(specs: Iterable[RequestSpec], stop: Callable[[], bool]) -> Iterator[RequestSpec]:
-    """Closed loop with a deadline: the specs in order, then again with new ids, until ``stop()``."""
-    specs = list(specs)
-    k = 0
-    while specs:
-        for s in specs:
-            if stop():
-                return
-            yield s if k == 0 else dataclasses.replace(s, id=f"{s.id}-{k}")
-        k += 1
-
-
 def cycle_units(items: Iterable[Unit], stop: Callable[[], bool]) -> Iterator[Unit]:
-    """``cycle_until`` for units: a conversation comes round again with new request and conversation ids."""
+    """Closed loop with a deadline: the units in order, then again (a conversation with new request and
+    conversation ids), until ``stop()``."""
     items = list(items)
     k = 0
     while items:
