@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from loadgen.target.embedded import free_port, wait_healthy
@@ -17,6 +20,16 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 def slobench(*args, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, bytes]:
+    """(status, raw body) of a JSON POST, errors included: the tests read error bodies as they are."""
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (loopback)
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
 
 
 class MockServers:

@@ -11,7 +11,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.testing import BackgroundServer
+from tests.helpers import post_json
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -539,24 +539,20 @@ def test_chat_uses_the_checkpoints_template(hf_checkpoint):
         server.stop()
 
 
-def _post_json(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+def post(url: str, body: dict) -> tuple[int, dict]:
+    status, raw = post_json(url, body, timeout=10)
+    return status, json.loads(raw)
 
 
 def test_tokenize_and_detokenize_round_trip(srv):
     """vLLM's /tokenize and /detokenize: what a load generator measures text prompts with."""
-    status, obj = _post_json(srv.url + "/tokenize", {"model": "tiny", "prompt": "hello world",
+    status, obj = post(srv.url + "/tokenize", {"model": "tiny", "prompt": "hello world",
                                                      "add_special_tokens": False})
     assert status == 200 and obj["count"] == len(obj["tokens"]) == len(b"hello world")
     assert obj["tokens"] == srv.engine.tokenizer.encode("hello world", add_special_tokens=False)
-    status, back = _post_json(srv.url + "/detokenize", {"model": "tiny", "tokens": obj["tokens"]})
+    status, back = post(srv.url + "/detokenize", {"model": "tiny", "tokens": obj["tokens"]})
     assert status == 200 and back["prompt"] == "hello world"
-    status, err = _post_json(srv.url + "/tokenize", {"prompt": 5})
+    status, err = post(srv.url + "/tokenize", {"prompt": 5})
     assert status == 400 and err["error"]["param"] == "prompt"
-    status, err = _post_json(srv.url + "/detokenize", {"tokens": ["a"]})
+    status, err = post(srv.url + "/detokenize", {"tokens": ["a"]})
     assert status == 400 and err["error"]["param"] == "tokens"

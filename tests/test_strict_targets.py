@@ -11,8 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import slobench
-from tests.transformers_serve import post_json
+from tests.helpers import post_json, slobench
 
 CHAT = [{"role": "user", "content": "Hello world"}]
 

@@ -8,7 +8,6 @@ The fixtures in tests/conftest.py wrap both.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -16,10 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from loadgen.target.embedded import free_port, wait_healthy
+from tests.helpers import post_json
 
 # Simple enough for any template engine, and its overhead is easy to count: "<s>user: hi</s>assistant: ".
 CHAT_TEMPLATE = (
@@ -87,16 +86,6 @@ def make_serve_checkpoint(path: str | Path, seed: int = 0, eos_reachable: bool =
             model.lm_head.weight[fast.eos_token_id].zero_()
     model.save_pretrained(path)
     return path
-
-
-def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, bytes]:
-    """(status, raw body) of a JSON POST, errors included: the tests read error bodies as they are."""
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (loopback)
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 class TransformersServe:
