@@ -56,3 +56,23 @@ class MockServers:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 p.wait(10)
+
+
+def run_engine(engine, max_steps: int, arrive=None, last_arrival: int = -1) -> dict[str, list[list[int]]]:
+    """Step an in-process engine until every request has finished, checking block integrity after each step;
+    ``arrive(step)`` adds the requests due at a step (up to ``last_arrival``). Fails when requests are left
+    after ``max_steps`` or KV blocks are held at the end. Returns each finished request's n token lists."""
+    done: dict[str, list[list[int]]] = {}
+    for step in range(max_steps):
+        if arrive is not None and step <= last_arrival:
+            arrive(step)
+        if step >= last_arrival and not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = [c.token_ids for c in sorted(out.outputs, key=lambda c: c.index)]
+        engine.check_integrity()
+    assert not engine.has_unfinished_requests(), f"no progress in {max_steps} steps: {engine.stats()}"
+    kv = engine.block_manager.stats()
+    assert kv.used_blocks == 0 and kv.host_used_blocks == 0, "KV blocks left once every request finished"
+    return done

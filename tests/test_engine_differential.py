@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from engine import Engine, EngineConfig, SamplingParams
 from engine.errors import CapacityExceededError
 from engine.scheduler import kv_blocks_alone
+from tests.helpers import run_engine
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -60,8 +61,8 @@ def run(config: dict, requests: list) -> tuple[list, Engine]:
     """Each request's n token lists, or 'refused'; integrity checked after every step."""
     engine = Engine(EngineConfig(model="tiny", admission="queue-length", **config))
     ids: list[str | None] = [None] * len(requests)
-    done = {}
-    for step in range(MAX_STEPS):
+
+    def arrive(step: int) -> None:
         for i, (prompt, n, max_tokens, tier, arrival) in enumerate(requests):
             if arrival == step:
                 params = SamplingParams(n=n, max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -69,15 +70,8 @@ def run(config: dict, requests: list) -> tuple[list, Engine]:
                     ids[i] = engine.add_request(prompt, params, tier=tier)
                 except CapacityExceededError as e:
                     assert "KV-cache blocks" in str(e) or "batch slots" in str(e)
-        if step > max(r[4] for r in requests) and not engine.has_unfinished_requests():
-            break
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = [c.token_ids for c in sorted(out.outputs, key=lambda c: c.index)]
-        engine.check_integrity()
-    assert not engine.has_unfinished_requests(), f"no progress in {MAX_STEPS} steps: {engine.stats()}"
-    kv = engine.block_manager.stats()
-    assert kv.used_blocks == 0 and kv.host_used_blocks == 0, "KV blocks left once every request finished"
+
+    done = run_engine(engine, MAX_STEPS, arrive, last_arrival=max(r[4] for r in requests))
     return [done[i] if i else "refused" for i in ids], engine
 
 

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine import Engine, EngineConfig, SamplingParams
 from engine.errors import CapacityExceededError
 from engine.metrics import ServerMetrics
+from tests.helpers import run_engine
 
 pytestmark = pytest.mark.timeout(120)  # a step that never returns fails here instead of hanging the run
 
@@ -40,17 +41,7 @@ def run(engine: Engine, requests: list[tuple[list[int], SamplingParams]], max_st
         tier: str = "standard") -> list[list[list[int]]]:
     """Every request to the end, integrity checked after each step; each request's n token lists."""
     ids = [engine.add_request(p, params, tier=tier) for p, params in requests]
-    done: dict[str, list[list[int]]] = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished_requests():
-            break
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = [c.token_ids for c in sorted(out.outputs, key=lambda c: c.index)]
-        engine.check_integrity()
-    assert not engine.has_unfinished_requests(), f"no progress after {max_steps} steps"
-    kv = engine.block_manager.stats()
-    assert kv.used_blocks == 0 and kv.host_used_blocks == 0, "blocks left at the end"
+    done = run_engine(engine, max_steps)
     return [done[i] for i in ids]
 
 
