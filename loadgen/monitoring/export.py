@@ -139,7 +139,7 @@ def rules(b: Baseline, o: ExportOptions) -> dict[str, Any]:
                 "annotations": {
                     "summary": f"{s.title} {'above' if s.bad == 'high' else 'below'} the rated step's "
                                f"{s.fmt.format(v)} {s.unit} by more than the tolerance "
-                               f"for {duration(o.sustain_s)} (now {{{{ $value }}}})",
+                               f"for {duration(o.sustain_s)}",
                     "description": f"{baseline_text(b, s, o.tolerance)}; capacity run {b.path}, rated step "
                                    f"{b.step} (load {b.load:.4g}). A sustained drift says capacity or engine "
                                    "parameters need adjusting.",
