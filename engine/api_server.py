@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app over the engine: routes, middlewares and handlers.
 
 Completions and chat, streamed or whole, with tiers; /v1/models, /health and /metrics. The engine runs on
-its own thread (engine_loop.py); the aiohttp event loop owns everything HTTP. A handler that ends early
+its own thread (engine_loop.py) or in an engine-core process (engine_core.py, core_client.py); the aiohttp
+event loop owns everything HTTP. A handler that ends early
 (client disconnect cancels it, or a write fails) aborts its request at once. Starting and stopping a
 server is launch.py's job; testing.py runs one on a thread of its own.
 """
@@ -35,7 +36,8 @@ from engine.api_responses import (
     usage_chunk,
 )
 from engine.chat import ChatTemplateError, render_chat
-from engine.engine_loop import EngineLoop, RequestStream
+from engine.core_client import EngineCoreClient, ProcessEngineLoop
+from engine.engine_loop import EngineLoop, RequestStream, StreamRouter
 from engine.errors import EngineError
 from engine.metrics import CONTENT_TYPE, ServerMetrics
 
@@ -45,7 +47,7 @@ logger = logging.getLogger("engine.server")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 ENGINE_KEY = web.AppKey("engine", object)
-ENGINE_LOOP_KEY = web.AppKey("engine_loop", EngineLoop)
+ENGINE_LOOP_KEY = web.AppKey("engine_loop", StreamRouter)
 METRICS_KEY = web.AppKey("metrics", ServerMetrics)
 STATE_KEY = web.AppKey("state", dict)
 
@@ -196,7 +198,7 @@ async def _generate(
             )
     params = req.sampling_params(max_tokens)
     rid = id_prefix + uuid.uuid4().hex
-    stream = eloop.submit(prompt, params, req.tier, rid)
+    stream = await eloop.submit(prompt, params, req.tier, rid)
     try:
         if req.stream:
             return await _stream_response(request, req, stream)
@@ -337,13 +339,16 @@ async def handle_health(request: web.Request) -> web.Response:
 async def handle_metrics(request: web.Request) -> web.Response:
     eloop = request.app[ENGINE_LOOP_KEY]
     with contextlib.suppress(Exception):  # stale gauges beat a failed scrape
-        await eloop.call_async(eloop.update_stats, timeout=2.0)
+        await eloop.refresh_stats(timeout=2.0)
     body = request.app[METRICS_KEY].render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def build_app(engine: Any, api_key: str | None = None) -> web.Application:
     """The aiohttp application over `engine`; the engine thread starts and stops with the app.
+
+    `engine` is an in-process `Engine` (its thread runs in this process) or an `EngineCoreClient` (the engine
+    runs in a core process of its own, which stops with the app).
 
     Run it with `web.AppRunner(app, handler_cancellation=True)` (so a client disconnect cancels its
     handler) or aiohttp's test utilities (which set that themselves).
@@ -357,7 +362,8 @@ def build_app(engine: Any, api_key: str | None = None) -> web.Application:
     app[STATE_KEY] = {"started": int(time.time())}
 
     async def start_engine(app: web.Application) -> None:
-        eloop = EngineLoop(engine, app[METRICS_KEY], asyncio.get_running_loop())
+        loop_type = ProcessEngineLoop if isinstance(engine, EngineCoreClient) else EngineLoop
+        eloop = loop_type(engine, app[METRICS_KEY], asyncio.get_running_loop())
         app[ENGINE_LOOP_KEY] = eloop
         eloop.start()
 

@@ -1,8 +1,10 @@
-"""The bridge between the engine thread and the server's event loop.
+"""The engine thread, and the bridge between it and the server's event loop.
 
-One engine thread runs `Engine.step()` in a loop; the aiohttp event loop owns everything HTTP. After each
-step the engine thread records metrics and hands the step's outputs to the event loop in one
-`call_soon_threadsafe`, which appends each to its request's `RequestStream` and wakes the handler.
+`EngineThread` runs `Engine.step()` in a loop and hands each step's outputs, failures and stats to callbacks.
+`StreamRouter` is the event-loop side: one `RequestStream` per request, fed with that request's outputs.
+`EngineLoop` joins the two in one process (the engine thread hands a step's outputs to the event loop in one
+`call_soon_threadsafe`); `engine/core_client.py` joins them across processes instead, with the engine thread
+in an engine-core process of its own (`engine/engine_core.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ logger = logging.getLogger("engine.server")
 
 STATS_INTERVAL_S = 0.05  # engine-state gauges refresh at most this often while busy
 IDLE_WAIT_S = 0.05  # the idle engine thread wakes this often to run calls and notice shutdown
+ENGINE_FAILED = "the engine failed while running this request"
 
 
 class RequestStream:
@@ -50,21 +53,24 @@ class RequestStream:
         return items
 
 
-class EngineLoop:
-    """Runs the engine on its own thread and routes its outputs to per-request streams."""
+class EngineThread:
+    """`engine.step()` in a loop on a thread of its own; calls run between steps.
 
-    def __init__(self, engine: Any, metrics: ServerMetrics, loop: asyncio.AbstractEventLoop):
+    on_outputs(outs) gets each step's outputs, on_failure(message) a step that raised (the engine's
+    requests in flight are then lost), on_stats(stats) the engine's stats at most every STATS_INTERVAL_S
+    while busy and once when it goes idle.
+    """
+
+    def __init__(self, engine: Any, on_outputs: Callable[[list[Any]], None], on_failure: Callable[[str], None],
+                 on_stats: Callable[[Any], None]):
         self.engine = engine
-        self.metrics = metrics
-        self.loop = loop
-        self.streams: dict[str, RequestStream] = {}  # event-loop thread only
-        self.closing = False
+        self.on_outputs = on_outputs
+        self.on_failure = on_failure
+        self.on_stats = on_stats
         self.step_errors = 0
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-
-    # -- engine thread
 
     def start(self) -> None:
         self._thread.start()
@@ -86,13 +92,9 @@ class EngineLoop:
             except BaseException as e:  # delivered to the caller
                 fut.set_exception(e)
 
-    def _post(self, fn: Callable, *args: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
-            self.loop.call_soon_threadsafe(fn, *args)
-
     def update_stats(self) -> None:
         try:
-            self.metrics.update_stats(self.engine.stats())
+            self.on_stats(self.engine.stats())
         except Exception:
             logger.exception("engine stats failed")
 
@@ -109,12 +111,11 @@ class EngineLoop:
                 except Exception:
                     self.step_errors += 1
                     logger.exception("engine step failed; failing the requests in flight")
-                    self._post(self._fail_all, "the engine failed while running this request")
+                    self.on_failure(ENGINE_FAILED)
                     time.sleep(0.01)
                     continue
                 if outs:
-                    self.metrics.record_outputs(outs)
-                    self._post(self._deliver, outs)
+                    self.on_outputs(outs)
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL_S:
                     last_stats = now
@@ -135,17 +136,36 @@ class EngineLoop:
         self._calls.put((fn, fut))
         return fut
 
-    async def call_async(self, fn: Callable[[], Any], timeout: float = 5.0) -> Any:
-        return await asyncio.wait_for(asyncio.wrap_future(self.call(fn)), timeout)
-
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    # -- event-loop thread
 
-    def submit(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> RequestStream:
+class StreamRouter:
+    """The event-loop side: each request's stream, fed by `_deliver`; ending a stream early aborts its request.
+
+    Subclasses say how a request reaches the engine (`_add`, `_abort`) and whether the engine is alive.
+    """
+
+    def __init__(self, metrics: ServerMetrics, loop: asyncio.AbstractEventLoop):
+        self.metrics = metrics
+        self.loop = loop
+        self.streams: dict[str, RequestStream] = {}  # event-loop thread only
+        self.closing = False
+
+    @property
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    async def _add(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> None:
+        raise NotImplementedError
+
+    def _abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    async def submit(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> RequestStream:
+        """Hand a request to the engine; raises its refusal (an EngineError or APIError) at once."""
         if self.closing:
             raise APIError(503, "the server is shutting down", code="shutting_down")
         if not self.alive:
@@ -153,16 +173,20 @@ class EngineLoop:
         stream = RequestStream(request_id, tier)
         self.streams[request_id] = stream
         try:
-            self.engine.add_request(prompt, params, tier=tier, request_id=request_id)
+            await self._add(prompt, params, tier, request_id)
         except BaseException:
-            del self.streams[request_id]
+            self.streams.pop(request_id, None)
             raise
         return stream
 
     def release(self, request_id: str) -> None:
         """The handler is done with this request: abort it in the engine unless it already finished."""
         if self.streams.pop(request_id, None) is not None:
-            self.engine.abort(request_id)
+            self._abort(request_id)
+
+    def _post(self, fn: Callable, *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
+            self.loop.call_soon_threadsafe(fn, *args)
 
     def _deliver(self, outs: list[Any]) -> None:
         streams = self.streams
@@ -178,7 +202,7 @@ class EngineLoop:
 
     def _fail_all(self, message: str, status: int = 500, code: str = "engine_error") -> None:
         for rid, stream in list(self.streams.items()):
-            self.engine.abort(rid)
+            self._abort(rid)
             stream.error = APIError(status, message, code=code)
             stream.event.set()
         self.streams.clear()
@@ -186,3 +210,47 @@ class EngineLoop:
     def abort_all(self) -> None:
         """Shutdown: end every request in flight (their streams end with an error event)."""
         self._fail_all("the server is shutting down", status=503, code="shutting_down")
+
+
+class EngineLoop(StreamRouter):
+    """The engine on a thread of this process, its outputs routed to per-request streams."""
+
+    def __init__(self, engine: Any, metrics: ServerMetrics, loop: asyncio.AbstractEventLoop):
+        super().__init__(metrics, loop)
+        self.engine = engine
+        self.thread = EngineThread(engine, self._on_outputs, self._on_failure, metrics.update_stats)
+
+    def _on_outputs(self, outs: list[Any]) -> None:  # engine thread
+        self.metrics.record_outputs(outs)
+        self._post(self._deliver, outs)
+
+    def _on_failure(self, message: str) -> None:  # engine thread
+        self._post(self._fail_all, message)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.alive
+
+    @property
+    def step_errors(self) -> int:
+        return self.thread.step_errors
+
+    async def _add(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> None:
+        self.engine.add_request(prompt, params, tier=tier, request_id=request_id)
+
+    def _abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` on the engine thread between steps and get its result from the future."""
+        return self.thread.call(fn)
+
+    async def refresh_stats(self, timeout: float = 2.0) -> None:
+        """The engine-state gauges, fresh (for a /metrics scrape)."""
+        await asyncio.wait_for(asyncio.wrap_future(self.thread.call(self.thread.update_stats)), timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.thread.stop(timeout)

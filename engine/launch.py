@@ -19,14 +19,16 @@ from typing import Any
 from aiohttp import web
 
 from engine.api_server import ENGINE_LOOP_KEY, build_app
+from engine.core_client import EngineCoreClient
 from engine.engine import Engine
-from engine.engine_loop import EngineLoop
+from engine.engine_loop import StreamRouter
+from engine.loader import ModelLoadError
 from engine.server_args import SWITCH_INTERVAL_MS, config_from_args
 
 logger = logging.getLogger("engine.server")  # the name the server's log lines have always carried
 
 
-async def _drain(eloop: EngineLoop, timeout: float) -> None:
+async def _drain(eloop: StreamRouter, timeout: float) -> None:
     """Shutdown: refuse new work, let requests in flight finish for up to `timeout` s, abort the rest."""
     eloop.closing = True
     deadline = time.monotonic() + timeout
@@ -107,7 +109,13 @@ def run_server(args: argparse.Namespace) -> None:
     # sustains ~25% more streaming requests/s on 2 cores, see bench/server_bench.py).
     sys.setswitchinterval(getattr(args, "switch_interval_ms", SWITCH_INTERVAL_MS) / 1e3)
     t0 = time.monotonic()
-    engine = Engine(config)
+    try:
+        if getattr(args, "engine_core", "process") == "process":
+            engine: Any = EngineCoreClient(config)
+        else:
+            engine = Engine(config)
+    except ModelLoadError as e:
+        raise SystemExit(f"error: {e}") from None
     logger.info(
         "loaded %s in %.1f s (max_model_len %d)",
         engine.model_name,

@@ -77,11 +77,7 @@ def load_model(
             f"unknown model {model!r}: not a preset ({', '.join(PRESETS)}) and not a local checkpoint folder"
         )
     cfg = read_hf_config(folder)
-    if not (folder / "tokenizer.json").is_file():
-        raise ModelLoadError(f"{folder}: missing tokenizer.json (only fast `tokenizers` files are supported)")
-    tokenizer = HFTokenizer(folder)
-    # transformers stops on config.json's eos ids too when generation_config.json does not list them.
-    tokenizer.eos_token_ids += [t for t in cfg.eos_token_ids if t not in tokenizer.eos_token_ids]
+    tokenizer = _hf_tokenizer(folder, cfg)
     files = weight_files(folder)
 
     with torch.device("meta"):
@@ -91,6 +87,28 @@ def load_model(
         lm.lm_head.weight = lm.model.embed_tokens.weight
     load_weights(lm, files)
     return lm.eval(), cfg, tokenizer
+
+
+def _hf_tokenizer(folder: Path, cfg: ModelConfig) -> Tokenizer:
+    if not (folder / "tokenizer.json").is_file():
+        raise ModelLoadError(f"{folder}: missing tokenizer.json (only fast `tokenizers` files are supported)")
+    tokenizer = HFTokenizer(folder)
+    # transformers stops on config.json's eos ids too when generation_config.json does not list them.
+    tokenizer.eos_token_ids += [t for t in cfg.eos_token_ids if t not in tokenizer.eos_token_ids]
+    return tokenizer
+
+
+def load_tokenizer(model: str) -> tuple[ModelConfig, Tokenizer]:
+    """The model's config and tokenizer without its weights (the HTTP front end of an engine-core process)."""
+    if model in PRESETS:
+        return PRESETS[model], ByteTokenizer()
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        raise ModelLoadError(
+            f"unknown model {model!r}: not a preset ({', '.join(PRESETS)}) and not a local checkpoint folder"
+        )
+    cfg = read_hf_config(folder)
+    return cfg, _hf_tokenizer(folder, cfg)
 
 
 def choose_attention_fn(device: torch.device, use_triton: bool | None = None) -> AttentionFn:

@@ -108,6 +108,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument(
         "--switch-interval-ms", type=float, default=SWITCH_INTERVAL_MS, help="the GIL switch interval (ms)"
     )
+    parser.add_argument(
+        "--engine-core", choices=["process", "thread"], default="process",
+        help="process (default): the scheduler and model loop in an engine-core process of their own, apart "
+             "from the HTTP front end; thread: both in one process (the engine on a thread)",
+    )
     group = parser.add_argument_group("engine")
     for name, tp in _engine_fields():
         flag = "--" + name.replace("_", "-")

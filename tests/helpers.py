@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
+def serving_engine(config, engine_core: str = "thread"):
+    """What a BackgroundServer serves: the engine in this process (thread) or in a core process of its own."""
+    from engine import Engine
+    from engine.core_client import EngineCoreClient
+
+    return EngineCoreClient(config) if engine_core == "process" else Engine(config)
+
+
 def slobench(*args, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=timeout)
