@@ -1,6 +1,7 @@
 """Continuous-batching scheduler with chunked prefill, priority tiers, admission control and swapping.
 
-Each step packs a token budget: every running decode gets one token, prefills get chunks of what is left.
+Each step packs a token budget in rank order: running requests get one token per decode and a chunk per
+prefill, and on an admission step those ranked below the best queued request come after admission.
 New work joins only every `rebatch_interval` steps, or at once when a request has finished (its slot and
 KV are free). Tiers are strict: premium before standard before basic; a waiting request may preempt
 running requests ranked below it for batch slots and KV, and premium may hold back a share of the KV
@@ -15,8 +16,9 @@ is always the lowest-ranked running request below the one that needs room, a req
 only when every other running request ranks above it, and the watermark never pushes out the best-ranked
 running request. So the best-ranked unfinished request is never preempted. Running, it is scheduled first
 with the whole token budget and takes KV and slots from the others; queued, it is the first candidate of
-every admission (due within `rebatch_interval` steps), may preempt every other running request, and nothing
-ranked below it is admitted before it, so whatever still holds the step's token budget drains; and every
+every admission (due within `rebatch_interval` steps), gets the step's token budget before every running
+request ranked below it, may preempt every other running request, and nothing ranked below it is admitted
+before it; and every
 request `Engine.add_request` accepts fits the pool alone (its tier's share of KV blocks and batch slots,
 each of its n sequences counted in full beyond the shared prompt blocks: `kv_blocks_alone`), a request that
 could never fit being rejected up front. So it finishes, then the next best-ranked one, and so on: every
@@ -129,12 +131,27 @@ class Scheduler:
         admit = self._admission_due()
         self._relieve_watermark(out)
         budget = self.config.max_num_batched_tokens
-        for request in sorted(self.running, key=rank):
-            if request.request_id not in out.preempted:  # else pushed out earlier in this loop
-                budget = self._schedule_request(request, budget, out)
-        if admit:
+        # The token budget goes in rank order across running and queued requests: admission serves the
+        # running requests ranked above each candidate before it, the rest come after. Scheduling every
+        # running request first would let lower tiers' prefill chunks spend a step's budget before a
+        # premium request arriving under overload could start. (Static batching keeps its own order.)
+        running = sorted(self.running, key=rank)
+        if admit and self.config.batching == "continuous":
+            budget = self._admit(budget, out, running)
+        budget = self._serve_running(running, None, budget, out)
+        if admit and self.config.batching == "static":
             self._admit(budget, out)
         return out
+
+    def _serve_running(self, behind: list[Request], above: Request | None, budget: int,
+                       out: SchedulerOutput) -> int:
+        """Schedule the running requests of `behind` (in rank order) ranked above `above` (all when None), taking
+        them off the list."""
+        while behind and (above is None or rank(behind[0]) < rank(above)):
+            request = behind.pop(0)
+            if request.request_id not in out.preempted and request in self.running:  # admission may push out
+                budget = self._schedule_request(request, budget, out)
+        return budget
 
     def _admission_due(self) -> bool:
         if self.config.batching == "static":
@@ -272,7 +289,7 @@ class Scheduler:
             self._preempt(max(self.running, key=rank), out)
 
     # ---- admission ------------------------------------------------------------------------------
-    def _admit(self, budget: int, out: SchedulerOutput) -> int:
+    def _admit(self, budget: int, out: SchedulerOutput, behind: list[Request] | None = None) -> int:
         """Queued requests in rank order, swapped and waiting alike (they were admitted once already).
 
         Strict priority: a request that cannot get in stops admission for every request ranked below it.
@@ -286,6 +303,8 @@ class Scheduler:
             return budget  # a closed batch with every member running: nobody to admit
         for tier in self.waiting:
             while (request := self.queues.first(tier, members)) is not None:
+                if behind:  # running requests ranked above this one take their share of the budget first
+                    budget = self._serve_running(behind, request, budget, out)
                 if request.request_id in out.preempted or (budget <= 0 and not static):
                     return budget  # pushed out in this step: its turn is over until the next
                 blocked, budget = self._try_admit(request, budget, out, static)

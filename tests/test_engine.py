@@ -137,6 +137,30 @@ def test_premium_preempts_saturating_basic_within_one_interval():
     engine.check_integrity()
 
 
+def test_premium_gets_the_token_budget_before_lower_tiers_running_prefills():
+    """Basic requests mid-prefill of long prompts hold the whole token budget; an arriving premium request
+    still starts at the next admission step, with its whole first chunk in that step's batch."""
+    engine = make_engine(max_num_seqs=8, max_num_batched_tokens=256, prefill_chunk_size=128, rebatch_interval=1,
+                         admission="queue-length")
+    rng = random.Random(3)
+    for _ in range(4):
+        engine.add_request([rng.randrange(1, 250) for _ in range(1500)],
+                           SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), tier="basic")
+    engine.step()
+    engine.step()
+    assert engine.stats().running_by_tier["basic"] >= 2  # two 128-token chunks fill each step's budget
+    premium = engine.add_request([rng.randrange(1, 250) for _ in range(200)],
+                                 SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), tier="premium")
+    def computed() -> dict[str, int]:
+        return {rid: r.seqs[0].num_computed for rid, r in engine.requests.items() if r.seqs}
+
+    before = computed()
+    engine.step()
+    after = computed()
+    assert after[premium] == 128  # its whole first chunk; the basic prefills share what is left
+    assert sum(after[rid] - before.get(rid, 0) for rid in after if rid != premium) == 128
+
+
 def test_premium_reserved_slots_hold_back_lower_tiers():
     engine = make_engine(max_num_seqs=4, premium_reserved_slots=2)
     for p in prompts(4, seed=2):
