@@ -359,3 +359,19 @@ def test_watch_the_engine_within_its_baseline_exits_0(engine, tmp_path):
     assert code == 0 and lines[-1]["sustained"] == []
     assert last["signals"][TTFT.key]["state"] == OK and last["ttft_requests"] > 0
     assert last["signals"][KV.key]["state"] == OK and last["signals"][REJECTIONS.key]["state"] == OK
+
+
+@pytest.mark.parametrize("flavor, read", [
+    ("vllm", {TOKEN_RATE.key, BATCH_FILL.key}),  # the mock's vLLM page has no TTFT histogram or KV gauge
+    ("sglang", {TTFT.key, TOKEN_RATE.key, BATCH_FILL.key}),
+    ("tgi", {BATCH_FILL.key}),
+    ("trtllm", {TTFT.key, TOKEN_RATE.key, BATCH_FILL.key}),  # its page at /prometheus/metrics
+])
+def test_each_servers_page_gives_the_signals_its_names_map_to(mock_server, tmp_path, flavor, read):
+    url = mock_server("--metrics-flavor", flavor, "--ttft-ms", 5, "--itl-ms", 2, "--tokens", 5)
+    run = write_run(tmp_path / "base", max_num_seqs=4)
+    with Load(url, users=2):
+        _, lines = run_watch(url, "--baseline", run, "--once", "--interval", "0.5")
+    (look, end) = lines
+    assert look["server"] == flavor and end["looks"] == 1
+    assert {k for k, s in look["signals"].items() if s["source"]} == read

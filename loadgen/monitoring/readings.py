@@ -103,7 +103,7 @@ def read(window: Sequence[tuple[float, Sample]], names: Names, max_num_seqs: int
     values: dict[str, float | None] = dict.fromkeys((TTFT.key, TOKEN_RATE.key, KV.key, BATCH_FILL.key,
                                                       REJECTIONS.key))
     r = Reading(t=t1, span_s=dt, values=values)
-    if names.ttft and dt > 0:
+    if names.ttft and dt > 0 and buckets(last, names.ttft):
         cum = bucket_deltas(first, last, names.ttft)
         total = cum.get(math.inf, 0.0)
         r.ttft_requests = int(round(total))
