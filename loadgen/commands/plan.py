@@ -1,0 +1,302 @@
+"""``slobench plan SCENARIO``: capacity planning before (and beside) a measured capacity run.
+
+From a model's sizes (a preset of the engine, a checkpoint's ``config.json``, or explicit sizes) and a
+hardware profile (``--hardware``: a spec-sheet accelerator, or ``host``: measured here) the theory gives
+memory, KV, batch, step times and throughput; ``--calibrate URL`` (or ``embedded``: the scenario's own
+engine, started here) fits the step time to a running target instead. For each step model a discrete-event
+simulation of the scenario on the engine's scheduler predicts the rated capacity; ``--target-rps`` turns it
+into replicas and GPUs; ``--capacity-run DIR`` sets the prediction beside a measured capacity run. The
+engine is imported here only (loadgen reaches it from its commands): its presets, its config reader and
+``EngineConfig``'s defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from loadgen.commands.common import EXIT_FAIL, EXIT_OK, UsageError
+
+DEFAULT_PROBE = "1,8,32"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, found {text!r}")
+    return out
+
+
+def _engine_opt(text: str) -> tuple[str, Any]:
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"engine option {text!r}: expected KEY=VALUE")
+    return key.replace("-", "_"), yaml.safe_load(value)
+
+
+def register(sub) -> argparse.ArgumentParser:
+    """Add ``plan`` to the subcommands."""
+    p = sub.add_parser("plan", help="capacity planning: theory, a calibration probe, a simulated rated capacity, "
+                                    "replicas for a target load, the comparison with a capacity run",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", type=Path, help="a synthetic, single-turn, open-loop scenario, e.g. scenarios/chat.yaml")
+    p.add_argument("--model", help="an engine preset (tiny, small), a Hugging Face folder with config.json, or "
+                                   "sizes layers=32,hidden=4096,heads=32,kv_heads=8,intermediate=14336,vocab=128256 "
+                                   "(default: the scenario's engine.model, else tiny)")
+    p.add_argument("--dtype", help="weights and KV dtype: bf16, fp16, float32, fp8 (default: float32 on "
+                                   "--hardware host, the engine's CPU default; else bf16)")
+    p.add_argument("--hardware", help="H100, H200, B200, A100-80GB, L40S, L4, MI300X (spec sheets), or host (this "
+                                      "machine's CPU, measured); needed unless --calibrate is given")
+    p.add_argument("--calibrate", metavar="TARGET_URL", help="fit the step time to a running target (about a "
+                   "minute), or 'embedded': start the scenario's reference engine for it")
+    p.add_argument("--tp", type=int, help="tensor-parallel degree (default: the smallest of 1, 2, 4, 8 whose "
+                                          "memory holds the weights and the longest request's KV)")
+    p.add_argument("--mem-util", type=float, default=0.9,
+                   help="share of device memory for weights and KV (default 0.9)")
+    p.add_argument("--overhead-ms", type=float, default=0.0,
+                   help="fixed time per step the roofline does not see (default 0: the theory is a lower bound)")
+    p.add_argument("--target-rps", type=float, help="a load to plan for: replicas and GPUs to carry it")
+    p.add_argument("--headroom", type=float, help="share of capacity held back (default: the scenario's)")
+    p.add_argument("--capacity-run", type=Path, metavar="RUN_DIR",
+                   help="a slobench capacity run folder to compare the prediction with")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario value")
+    p.add_argument("--engine-opt", action="append", type=_engine_opt, metavar="KEY=VALUE",
+                   help="an engine option over the scenario's engine section (repeatable)")
+    p.add_argument("--requests", type=int, default=6000, help="simulated requests per draw (default 6000)")
+    p.add_argument("--draws", type=int, default=2, help="simulated arrival draws (default 2)")
+    p.add_argument("--seed", type=int, help="the simulation's seed (default: the scenario's)")
+    p.add_argument("--probe-batches", type=_ints, default=_ints(DEFAULT_PROBE), help="probe batch sizes (1,8,32)")
+    p.add_argument("--probe-contexts", type=_ints, default=_ints("64,384"), help="probe decode prompt lengths")
+    p.add_argument("--probe-prefill", type=_ints, default=_ints("32,128,256"), help="probe prefill prompt lengths")
+    p.add_argument("--probe-output", type=int, default=32, help="probe tokens per decode request (32)")
+    p.add_argument("--probe-rounds", type=int, default=3, help="requests per probe user (3)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the plan as JSON")
+    p.add_argument("--plot", type=Path, metavar="FILE", help="write a plotly HTML plot of the predicted curves")
+    p.set_defaults(cmd="plan")
+    return p
+
+
+def resolve_model(spec: str, dtype_bytes: int):
+    """A ModelShape from an engine preset, a checkpoint folder's config.json, or explicit sizes."""
+    from engine.loader import PRESETS
+    from engine.model import ModelConfig
+    from loadgen.planning.model_shape import from_config, from_sizes
+
+    if spec in PRESETS:
+        return from_config(PRESETS[spec], dtype_bytes, name=spec)
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        path = folder / "config.json"
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            return from_config(ModelConfig.from_hf_config(raw.get("text_config", raw)), dtype_bytes, name=folder.name)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"--model {spec}: cannot read {path}: {e}") from None
+    if "=" in spec:
+        try:
+            return from_sizes(spec, dtype_bytes)
+        except ValueError as e:
+            raise UsageError(f"--model: {e}") from None
+    raise UsageError(f"--model {spec!r}: not a preset ({', '.join(PRESETS)}), a folder or KEY=VALUE sizes")
+
+
+def engine_shape(opts: dict[str, Any], kv_tokens: int | None):
+    """The scheduler's knobs: the scenario's engine options over ``EngineConfig``'s defaults."""
+    from engine.config import EngineConfig
+    from loadgen.planning.simulate import EngineShape
+
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    try:
+        cfg = EngineConfig(**{k: v for k, v in opts.items() if k in names})
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"engine options: {e}") from None
+    pool = cfg.num_kv_blocks * cfg.block_size if cfg.num_kv_blocks else cfg.kv_cache_tokens
+    fields = {f.name for f in dataclasses.fields(EngineShape)} - {"kv_tokens"}
+    return EngineShape(**{k: getattr(cfg, k) for k in fields}, kv_tokens=kv_tokens or pool)
+
+
+def probe_plan(args: argparse.Namespace):
+    from loadgen.planning.probe import ProbePlan
+
+    try:
+        return ProbePlan(batches=args.probe_batches, contexts=args.probe_contexts, output_tokens=args.probe_output,
+                         prefill_lengths=args.probe_prefill, rounds=args.probe_rounds)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def run_calibration(args: argparse.Namespace, engine_opts: dict[str, Any], model: str | None):
+    """The probe against ``--calibrate`` (a URL, or the scenario's engine started here)."""
+    from loadgen.planning.probe import calibrate
+    from loadgen.target.embedded import EmbeddedEngine
+
+    plan = probe_plan(args)
+    with tempfile.TemporaryDirectory(prefix="slobench-plan-") as tmp:
+        if args.calibrate == "embedded":
+            with EmbeddedEngine(engine_opts, log_path=Path(tmp) / "engine.log") as url:
+                return calibrate(url, plan, Path(tmp))
+        if not args.calibrate.startswith(("http://", "https://")):
+            raise UsageError(f"--calibrate {args.calibrate!r}: expected http://HOST:PORT or 'embedded'")
+        return calibrate(args.calibrate, plan, Path(tmp), model)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from loadgen.planning.requests import PlanError
+    from loadgen.scenario.model import ScenarioError
+    from loadgen.target.discovery import TargetError
+
+    try:
+        result = build(args)
+    except (PlanError, ScenarioError) as e:
+        raise UsageError(str(e)) from None
+    except (TargetError, RuntimeError) as e:  # the probe's target failed (ProbeError, EngineStartError: RuntimeError)
+        print(f"error: calibration failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return EXIT_FAIL
+    print_plan(result)
+    return EXIT_OK
+
+
+def build(args: argparse.Namespace) -> dict:
+    """Everything the command prints and writes, as one dict (the ``--json`` document)."""
+    from loadgen.planning import hardware, theory
+    from loadgen.planning.compare import compare, read_capacity_run
+    from loadgen.planning.model_shape import dtype_bytes_of
+    from loadgen.planning.planner import PlanInputs, make_plan, slos_of
+    from loadgen.planning.requests import check_scenario
+    from loadgen.planning.step_model import Roofline
+    from loadgen.scenario.parse import load_scenario
+
+    if args.hardware is None and args.calibrate is None:
+        raise UsageError("give --hardware NAME (or host) for the theory, --calibrate TARGET_URL for a fit, or both")
+    for name, v, lo in (("--requests", args.requests, 100), ("--draws", args.draws, 1), ("--tp", args.tp or 1, 1)):
+        if v < lo:
+            raise UsageError(f"{name} must be >= {lo}, got {v}")
+    if not 0 < args.mem_util <= 1 or args.overhead_ms < 0 or (args.target_rps is not None and args.target_rps <= 0):
+        raise UsageError("need 0 < --mem-util <= 1, --overhead-ms >= 0 and --target-rps > 0")
+    scn = load_scenario(args.scenario, args.set)
+    check_scenario(scn)
+    engine_opts = {**scn.engine, **dict(args.engine_opt or [])}
+    headroom = scn.headroom if args.headroom is None else args.headroom
+    if not 0 <= headroom < 1:
+        raise UsageError(f"--headroom must be in [0, 1), got {headroom}")
+    host = (args.hardware or "").lower() == "host"
+    dtype = args.dtype or engine_opts.get("dtype") or ("float32" if host or args.hardware is None else "bf16")
+    try:
+        dbytes = dtype_bytes_of(dtype)
+        hw = None if args.hardware is None else (
+            hardware.measure_host(int(engine_opts.get("num_threads") or 1), "float32" if dbytes == 4 else "bfloat16")
+            if host else hardware.lookup(args.hardware))
+    except (KeyError, ValueError) as e:
+        raise UsageError(str(e).strip("'\"")) from None
+    model_name = args.model or engine_opts.get("model") or "tiny"
+    shape = resolve_model(str(model_name), dbytes)
+    configured = "kv_cache_tokens" in engine_opts or "num_kv_blocks" in engine_opts
+    from_memory = hw is not None and not host and not configured  # a real accelerator: the pool is its memory
+    tp = args.tp or 1
+    if from_memory and args.tp is None:
+        need = int(max(scn.synthetic.input_len.max, 1) + max(scn.synthetic.output_len.max, 1))
+        tp = theory.smallest_tp(shape.weights_bytes, shape.kv_bytes_per_token, hw.memory_bytes,
+                                min(need, 1 << 20), args.mem_util) or 8
+    pool = theory.kv_pool_tokens(shape.weights_bytes, shape.kv_bytes_per_token, hw.memory_bytes, tp,
+                                 args.mem_util) if from_memory else None
+    if pool == 0:
+        raise UsageError(f"{shape.name}'s weights ({shape.weights_bytes / 1e9:.1f} GB) do not fit {tp} x {hw.name} "
+                         f"at --mem-util {args.mem_util}: raise --tp")
+    models: dict[str, Any] = {}
+    if hw is not None:
+        models["theory"] = Roofline(shape, hw, tp, args.overhead_ms / 1e3)
+    calibration = None
+    if args.calibrate is not None:
+        calibration = run_calibration(args, engine_opts, scn.model)
+        models["calibrated"] = calibration.model
+    inp = PlanInputs(scn, shape, engine_shape(engine_opts, pool), hw, tp, args.target_rps, headroom,
+                     requests=args.requests, draws=args.draws, seed=scn.seed if args.seed is None else args.seed)
+    plan = make_plan(inp, models)
+    plan["calibration"] = calibration.as_dict() if calibration else None
+    if args.capacity_run is not None:
+        summary = read_capacity_run(args.capacity_run)
+        preds = {k: m.pop("predictor") for k, m in plan["models"].items()}
+        plan["comparison"] = compare(summary, preds, {k: m["rated_rps"] for k, m in plan["models"].items()})
+    for m in plan["models"].values():
+        m.pop("predictor", None)
+    if args.json:
+        from loadgen.results.rundir import write_json
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.json, plan)
+    if args.plot:
+        from loadgen.planning.plot import write_plot
+
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        write_plot(args.plot, {k: m["curve"] for k, m in plan["models"].items()}, slos_of(scn),
+                   {k: m["rated_rps"] for k, m in plan["models"].items()}, plan.get("comparison"),
+                   title=f"slobench plan: {scn.name}")
+    return plan
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1e6 else f"{v:.3e}"
+    return str(v)
+
+
+ROWS = (  # label, path into a model's entry
+    ("weights (GB)", lambda m: m["closed_form"]["weights_bytes"] / 1e9),
+    ("KV per token (bytes)", lambda m: m["closed_form"]["kv_bytes_per_token"]),
+    ("KV pool (tokens)", lambda m: m["closed_form"]["kv_pool_tokens"]),
+    ("KV per request, mean over life (tokens)", lambda m: m["closed_form"]["request_kv"]["mean_tokens"]),
+    ("max batch by memory (mean / peak KV)",
+     lambda m: f"{m['closed_form']['max_batch_by_memory']} / {m['closed_form']['max_batch_by_memory_peak']}"),
+    ("batch (slots)", lambda m: m["closed_form"]["batch"]),
+    ("decode step at batch 1 (ms)", lambda m: m["closed_form"]["decode_step_ms_batch_1"]),
+    ("step at full batch (ms)", lambda m: m["closed_form"]["decode_step_ms"]),
+    ("prefill, mean prompt (ms)", lambda m: m["closed_form"]["prefill_ms_mean_prompt"]),
+    ("throughput at full batch (req/s)", lambda m: m["closed_form"]["throughput"]["requests_s"]),
+    ("output tok/s at full batch", lambda m: m["closed_form"]["throughput"]["output_tokens_s"]),
+    ("closed form: req/s within the TTFT SLO", lambda m: m["closed_form"]["slo_rps"]),
+    ("simulated rated capacity (req/s)", lambda m: m["rated_rps"]),
+    ("spec capacity, with headroom (req/s)", lambda m: m["spec_rps"]),
+    ("per GPU: req/s", lambda m: m["per_gpu"]["req_s"]),
+    ("per GPU: output tok/s", lambda m: m["per_gpu"]["output_tokens_s"]),
+)
+
+
+def print_plan(plan: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    names = list(plan["models"])
+    hw = plan["hardware"]["name"] if plan["hardware"] else "calibrated only"
+    t = Table(title=f"slobench plan: {plan['scenario']} | {plan['model']['name']} | {hw} | tp {plan['tp']}")
+    t.add_column("figure")
+    for n in names:
+        t.add_column(n, justify="right")
+    rows = list(ROWS)
+    if plan.get("target_rps"):
+        rows.append((f"replicas (GPUs) for {plan['target_rps']:g} req/s",
+                     lambda m: f"{_fmt(m.get('replicas'))} ({_fmt(m.get('gpus'))})"))
+    for label, get in rows:
+        t.add_row(label, *[_fmt(get(plan["models"][n])) for n in names])
+    cmp_ = plan.get("comparison")
+    if cmp_:
+        t.add_row("measured rated capacity (req/s)", *[_fmt(cmp_["measured_rated_rps"])] * len(names))
+        t.add_row("error: predicted / measured - 1",
+                  *[_fmt(cmp_["predicted"][n]["error"] * 100, 3) + " %" if cmp_["predicted"][n]["error"] is not None
+                    else "-" for n in names])
+    Console().print(t)
+    cal = plan.get("calibration")
+    if cal:
+        print(f"calibration probe: {cal['wall_s']:.1f} s, {len(cal['observations'])} points ({cal['source']}), "
+              f"fit rms error {cal['rel_rms'] * 100:.1f} %")

@@ -1,0 +1,218 @@
+"""The calibration probe: measure a running target's step times at a few fixed batch sizes and prompt
+lengths, and fit the step-time model the simulation prices steps with.
+
+Decode points: ``batch`` closed-loop users each send ``rounds`` requests of a fixed prompt length and
+``output_tokens`` tokens (EOS ignored), so about ``batch`` sequences decode together; a request's decode
+step is its decode time / (tokens - 1), and what its steps carried is read off the records themselves (the
+sequences decoding beside it, the prompts prefilled meanwhile), so a refused request (429) or a user
+still prefilling does not count as batch it was not. Prefill points: one user at a time sends prompts of a few lengths
+(within one prefill chunk) for a single token; the prefill time is one step with that many new tokens.
+Times are the server's own per-request timing where the records carry it (``server``: the reference
+engine's timing object, vLLM's per-request metrics), else the client's (TTFT; time from the first to the
+last token), which then include the network. Each point's mean is one observation (the model is linear, so
+means map onto means); the fit is a least squares (numpy) of step time on [1, sequences, new tokens,
+attention pairs], weighted to relative error, with no coefficient below zero (a negative one is dropped
+and the rest refitted).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from loadgen.drivers.event_loop import run_sync
+from loadgen.drivers.factory import make_driver
+from loadgen.drivers.http_request import ClientConfig
+from loadgen.planning.step_model import LinearStep
+from loadgen.results.records import RecordWriter, read_records
+from loadgen.target.prepare import TargetOptions, prepare_target
+from loadgen.workload.specs import DEFAULT_TOKEN_RANGE, RequestSpec
+
+FEATURES = ("const_s", "per_seq_s", "per_token_s", "per_pair_s")
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    batches: tuple[int, ...] = (1, 8, 32)
+    contexts: tuple[int, ...] = (64, 384)  # decode points' prompt lengths
+    output_tokens: int = 32
+    prefill_lengths: tuple[int, ...] = (32, 128, 256)  # at most one prefill chunk each
+    rounds: int = 3  # requests per user at a decode point
+    prefill_repeats: int = 6
+
+    def __post_init__(self) -> None:
+        if not self.batches or min(self.batches) < 1 or not self.contexts or min(self.contexts) < 1:
+            raise ValueError("the probe needs batch sizes and prompt lengths >= 1")
+        if self.output_tokens < 3 or self.rounds < 1 or self.prefill_repeats < 1:
+            raise ValueError("the probe needs output_tokens >= 3, rounds >= 1 and prefill_repeats >= 1")
+        if not self.prefill_lengths or min(self.prefill_lengths) < 1:
+            raise ValueError("the probe needs prefill lengths >= 1")
+
+
+@dataclass(frozen=True)
+class Point:
+    kind: str  # decode | prefill
+    batch: int
+    prompt: int
+    max_tokens: int
+    requests: int
+
+
+@dataclass
+class Observation:
+    point: Point
+    step_s: float  # the median measured step (decode) or prefill time
+    features: tuple[float, float, float, float]
+    requests: int  # records it was measured from
+    source: str  # "server timing" | "client timing"
+
+
+@dataclass
+class Calibration:
+    model: LinearStep
+    observations: list[Observation]
+    rel_rms: float  # the fit's root-mean-square relative error over the observations
+    wall_s: float
+    source: str
+    dropped: list[str] = field(default_factory=list)  # coefficients fixed at 0 (they came out negative)
+
+    def as_dict(self) -> dict:
+        return {"model": self.model.as_dict(), "rel_rms": self.rel_rms, "wall_s": self.wall_s, "source": self.source,
+                "dropped": self.dropped,
+                "observations": [asdict(o.point) | {"step_s": o.step_s, "requests": o.requests, "source": o.source,
+                                                    "predicted_s": self.predicted(o)} for o in self.observations]}
+
+    def predicted(self, o: Observation) -> float:
+        _, n_seq, n_tok, pairs = o.features
+        return float(self.model.step_s(n_seq, n_tok, 0, pairs))
+
+
+def points(plan: ProbePlan) -> list[Point]:
+    out = [Point("decode", b, p, plan.output_tokens, b * plan.rounds) for p in plan.contexts for b in plan.batches]
+    return out + [Point("prefill", 1, p, 1, plan.prefill_repeats) for p in plan.prefill_lengths]
+
+
+def specs_for(pt: Point, index: int, seed: int = 0) -> list[RequestSpec]:
+    """Distinct random prompts (no prefix-cache hits between them), EOS ignored."""
+    rng = np.random.default_rng([seed, index])
+    lo, hi = DEFAULT_TOKEN_RANGE
+    return [RequestSpec(id=f"p{index}-{k}", arrival_s=0.0, prompt=rng.integers(lo, hi, pt.prompt).tolist(),
+                        max_tokens=pt.max_tokens, ignore_eos=True, prompt_tokens=pt.prompt)
+            for k in range(pt.requests)]
+
+
+async def _send(cfg: ClientConfig, work: list[tuple[Point, list[RequestSpec]]], path: Path) -> None:
+    with RecordWriter(path) as writer:
+        driver = make_driver("aiohttp", cfg, writer)
+        try:
+            await driver.open()
+            for stage, (pt, specs) in enumerate(work):
+                await driver.warm_up(pt.batch)
+                await driver.run(specs, stage=stage, concurrency=pt.batch)
+        finally:
+            await driver.close()
+
+
+def measure(target: str, plan: ProbePlan, work_dir: Path, model: str | None = None) -> tuple[list[Observation], float]:
+    """Send the probe's points to ``target``; (one observation per point that has ok records, wall seconds)."""
+    pts = points(plan)
+    work = [(pt, specs_for(pt, i)) for i, pt in enumerate(pts)]
+    every = [s for _, specs in work for s in specs]
+    t0 = time.monotonic()
+    prepared = prepare_target(target, model, every, TargetOptions())
+    prepared.adapt(every)
+    cfg = ClientConfig(target, model=prepared.model, shape=prepared.shape)
+    path = Path(work_dir) / "probe-requests.jsonl"
+    path.unlink(missing_ok=True)
+    run_sync(lambda: _send(cfg, work, path))
+    wall = time.monotonic() - t0
+    by_stage: dict[int, list[dict]] = {}
+    for r in read_records(path):
+        if r.get("status") == "ok":
+            by_stage.setdefault(int(r["stage"]), []).append(r)
+    obs = [o for i, pt in enumerate(pts) if (o := observe(pt, by_stage.get(i, []))) is not None]
+    return obs, wall
+
+
+def observe(pt: Point, records: list[dict]) -> Observation | None:
+    """One point's mean step (decode) or prefill time and the mean features of the steps it spans."""
+    if pt.kind == "prefill":
+        return _observe_prefill(pt, records)
+    rows = []
+    for r in records:
+        srv = r.get("server") or {}
+        out = r.get("output_tokens") or len(r.get("token_s") or [])
+        if out < 2 or r.get("first_token_s") is None or r.get("done_s") is None:
+            continue
+        if srv.get("decode_ms") is not None:
+            v, src = srv["decode_ms"] / 1e3, "server timing"
+        else:
+            v, src = r["done_s"] - r["first_token_s"], "client timing"
+        rows.append((r["first_token_s"], r["done_s"], out, r.get("prompt_tokens") or pt.prompt, v, src))
+    if not rows:
+        return None
+    ys, feats = [], []
+    for f, d, out, prompt, v, _ in rows:
+        span, steps = max(d - f, 1e-9), out - 1
+        # what shared its decode steps, on the client's one clock: the sequences decoding beside it (time
+        # weighted) and the prompts prefilled meanwhile (those whose first token came inside its span)
+        batch = sum(max(0.0, min(d, d2) - max(f, f2)) for f2, d2, *_ in rows) / span
+        pf = sum(p2 for f2, _, _, p2, *_ in rows if f < f2 <= d) / steps
+        pf_seqs = sum(1 for f2, *_ in rows if f < f2 <= d) / steps
+        ctx = prompt + out / 2
+        ys.append(v / steps)
+        feats.append((1.0, batch + pf_seqs, batch + pf, batch * ctx + pf * prompt / 2))
+    src = " + ".join(sorted({row[-1] for row in rows}))
+    mean = tuple(float(x) for x in np.mean(np.asarray(feats), axis=0))
+    return Observation(pt, float(np.mean(ys)), mean, len(rows), src)
+
+
+def _observe_prefill(pt: Point, records: list[dict]) -> Observation | None:
+    vals, lens, sources = [], [], set()
+    for r in records:
+        srv = r.get("server") or {}
+        if srv.get("prefill_ms") is not None:
+            vals.append(srv["prefill_ms"] / 1e3)
+            sources.add("server timing")
+        elif r.get("first_token_s") is not None:
+            vals.append(r["first_token_s"] - r["scheduled_s"])
+            sources.add("client timing")
+        else:
+            continue
+        lens.append(r.get("prompt_tokens") or pt.prompt)
+    if not vals:
+        return None
+    c = float(np.mean(lens))
+    return Observation(pt, float(np.mean(vals)), (1.0, 1.0, c, c * (c + 1) / 2), len(vals), " + ".join(sorted(sources)))
+
+
+def fit(obs: list[Observation]) -> tuple[LinearStep, float, list[str]]:
+    """Non-negative, relative-error least squares of the observations' times on their features."""
+    if len(obs) < 2:
+        raise ValueError("the probe measured fewer than 2 points: nothing to fit")
+    X = np.asarray([o.features for o in obs], dtype=float)
+    y = np.asarray([o.step_s for o in obs], dtype=float)
+    w = 1.0 / np.maximum(y, 1e-9)
+    active = list(range(X.shape[1]))
+    coef = np.zeros(X.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(X[:, active] * w[:, None], y * w, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))  # the most negative coefficient goes; the rest are refitted
+    pred = X @ coef
+    rel = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
+    dropped = [FEATURES[k] for k in range(X.shape[1]) if k not in active]
+    return LinearStep(*map(float, coef)), rel, dropped
+
+
+def calibrate(target: str, plan: ProbePlan, work_dir: Path, model: str | None = None) -> Calibration:
+    obs, wall = measure(target, plan, work_dir, model)
+    step, rel, dropped = fit(obs)
+    sources = " + ".join(sorted({o.source for o in obs}))
+    return Calibration(step, obs, rel, wall, sources, dropped)

@@ -1,0 +1,94 @@
+"""Calibration end to end: the probe against the embedded reference engine (``tiny``, started as a
+subprocess the way ``slobench capacity`` starts it), a short plan, and a fitted step model that is sane;
+and the command's one-line errors on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from loadgen.commands.common import UsageError
+from loadgen.commands.plan import build, cmd_plan, register
+from loadgen.planning.probe import ProbePlan, calibrate
+from loadgen.planning.step_model import decode_step_s, prefill_s
+from loadgen.target.embedded import EmbeddedEngine
+
+REPO = Path(__file__).resolve().parents[1]
+SHORT = ProbePlan(batches=(1, 6), contexts=(32, 160), output_tokens=12, prefill_lengths=(32, 96, 200), rounds=2,
+                  prefill_repeats=3)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="slobench")
+    register(ap.add_subparsers(dest="cmd"))
+    return ap.parse_args(["plan", *argv])
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    with EmbeddedEngine({"model": "tiny"}, log_path=tmp_path_factory.mktemp("engine") / "engine.log") as url:
+        yield url
+
+
+@pytest.mark.slow
+def test_probe_fits_a_sane_step_model(engine, tmp_path):
+    cal = calibrate(engine, SHORT, tmp_path)
+    m = cal.model
+    assert len(cal.observations) == len(SHORT.batches) * len(SHORT.contexts) + len(SHORT.prefill_lengths)
+    assert cal.source == "server timing"  # the engine's own per-request timing
+    assert m.const_s > 0 and m.per_token_s > 0
+    assert min(m.per_seq_s, m.per_pair_s) >= 0
+    assert decode_step_s(m, 8, 100) > decode_step_s(m, 1, 100)  # a bigger batch costs more per step
+    assert decode_step_s(m, 4, 400) >= decode_step_s(m, 4, 40)
+    assert prefill_s(m, 256, 256) > prefill_s(m, 32, 256)  # more prompt, more prefill
+    assert prefill_s(m, 512, 256) > prefill_s(m, 256, 256)  # two chunks, two steps
+    assert cal.rel_rms < 1.0
+
+
+@pytest.mark.slow
+def test_plan_calibrated_against_a_running_target(engine, tmp_path):
+    out = tmp_path / "plan.json"
+    args = parse(str(REPO / "scenarios" / "chat.yaml"), "--calibrate", engine, "--requests", "1500", "--draws", "1",
+                 "--probe-batches", "1,6", "--probe-contexts", "32,160", "--probe-output", "12",
+                 "--probe-prefill", "32,96,200", "--probe-rounds", "2", "--target-rps", "100", "--json", str(out),
+                 "--plot", str(tmp_path / "plan.html"))
+    assert cmd_plan(args) == 0
+    plan = json.loads(out.read_text())
+    cal = plan["models"]["calibrated"]
+    assert cal["rated_rps"] > 0
+    assert cal["replicas"] >= 1 and cal["gpus"] == cal["replicas"]
+    assert cal["closed_form"]["batch"] == 64  # chat.yaml's max_num_seqs; the KV pool holds more
+    # the predicted curve's p99 TTFT rises with the load
+    ttft = [p["quantiles_ms"]["premium"]["ttft_ms"] for p in cal["curve"]]
+    assert ttft[-1] > ttft[0]
+    assert (tmp_path / "plan.html").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["scenarios/chat.yaml"], "give --hardware"),
+    (["scenarios/chat.yaml", "--hardware", "tpu9"], "unknown hardware"),
+    (["scenarios/chat.yaml", "--hardware", "H100", "--model", "layers=2"], "--model"),
+    (["scenarios/nope.yaml", "--hardware", "H100"], "not found"),
+    (["scenarios/replay-mooncake.yaml", "--hardware", "H100"], "synthetic"),
+    (["scenarios/chat.yaml", "--hardware", "H100", "--capacity-run", "/nonexistent"], "summary.json"),
+    (["scenarios/chat.yaml", "--calibrate", "localhost:1"], "expected http"),
+])
+def test_bad_input_is_a_usage_error(argv, message, monkeypatch):
+    monkeypatch.chdir(REPO)
+    args = parse(*argv, "--requests", "200", "--draws", "1")
+    with pytest.raises(UsageError, match=message):
+        cmd_plan(args)
+
+
+def test_theory_plan_on_a_spec_sheet_accelerator(tmp_path):
+    args = parse(str(REPO / "scenarios" / "chat.yaml"), "--hardware", "H100", "--requests", "800", "--draws", "1",
+                 "--model", "layers=32,hidden=4096,heads=32,kv_heads=8,intermediate=14336,vocab=128256",
+                 "--target-rps", "50", "--headroom", "0.2")
+    plan = build(args)
+    th = plan["models"]["theory"]
+    assert plan["tp"] == 1
+    assert th["closed_form"]["kv_pool_tokens"] == 426_784  # tests/test_plan_theory.py's figure
+    assert th["rated_rps"] > 0 and th["replicas"] >= 1
