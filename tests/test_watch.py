@@ -262,6 +262,17 @@ def test_a_target_lost_for_the_sustain_time_ends_the_watch_with_1(tmp_path):
     assert lines[-1]["verdict"].startswith("target unreachable") and lines[-1]["sustained"] == []
 
 
+def test_once_with_its_second_scrape_failed_is_a_lost_target(tmp_path):
+    code, lines, target = scripted_watch(tmp_path, [*ttft_rising(1, slow_from=5), OSError("reset")], once=True)
+    assert code == 1 and target.calls == 1 and lines[-1]["verdict"].startswith("target unreachable")
+
+
+def test_failed_scrapes_past_the_duration_end_the_watch_without_a_verdict_of_loss(tmp_path):
+    samples = [*ttft_rising(3, slow_from=10), *[OSError("reset")] * 3, *ttft_rising(20, slow_from=100)[3:]]
+    code, lines, target = scripted_watch(tmp_path, samples, duration_s=4.0, sustain_s=30.0)
+    assert code == 0 and target.calls == 4 and lines[-1]["verdict"] == "no sustained deviation"
+
+
 def test_ctrl_c_ends_the_watch_cleanly_with_the_verdict_so_far(tmp_path):
     samples = [*ttft_rising(3, slow_from=10), KeyboardInterrupt()]
     code, lines, _ = scripted_watch(tmp_path, samples, duration_s=30.0)

@@ -173,8 +173,10 @@ def watch(target: str, scrape: Callable[[], Sample], names: Names, baseline: Bas
                 last_ok = t
             except Exception as e:  # noqa: BLE001 (a failed scrape is shown; watching goes on)
                 view.error(t, f"{type(e).__name__}: {e}")
-                if t - last_ok >= max(opts.sustain_s, 3 * opts.interval_s):
-                    lost = t - last_ok
+                if opts.once or t - last_ok >= max(opts.sustain_s, 3 * opts.interval_s):
+                    lost = t - last_ok  # --once has no second try: its one look is lost
+                    break
+                if opts.duration_s is not None and t >= opts.duration_s:
                     break
                 continue
             while len(window) > 2 and window[1][0] <= t - opts.window_s:  # the oldest still spans the window
