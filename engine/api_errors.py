@@ -85,3 +85,21 @@ def map_engine_error(e: EngineError) -> APIError:
             headers={"Retry-After": str(e.retry_after_s)},
         )
     return APIError(400, str(e), code="invalid_request")
+
+
+def shed_error(out: Any, tier: str, config: Any) -> APIError | None:
+    """The 429 for an output that says its request was shed from the queue (None for any other output)."""
+    if not (out.finished and any(c.finish_reason == "shed" for c in out.outputs)):
+        return None
+    t = out.timing
+    waited = f" {(t.finished_time - t.arrival_time) * 1e3:.0f} ms" if t is not None else ""
+    promise = (getattr(config, "tier_ttft_slo_ms", None) or {}).get(tier)
+    kept = f"its {promise:.0f} ms promise" if promise else "its promise"
+    return APIError(
+        429,
+        f"the {tier} tier's queue held this request{waited} without starting it, too long to keep {kept}; "
+        f"retry in {RETRY_AFTER_S} s",
+        param="service_tier",
+        code="slo_unattainable",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )

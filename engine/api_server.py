@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.api_errors import APIError, invalid, map_engine_error
+from engine.api_errors import APIError, invalid, map_engine_error, shed_error
 from engine.api_requests import GenerationRequest, parse_chat_request, parse_completion_request
 from engine.api_responses import (
     SSE_DONE,
@@ -200,16 +200,22 @@ async def _generate(
     rid = id_prefix + uuid.uuid4().hex
     stream = await eloop.submit(prompt, params, req.tier, rid)
     try:
+        # The answer's status waits for the engine's first output: a request shed from the queue before it
+        # started (SLO-aware admission, engine/admission.py) is still a plain 429, streamed or not.
+        first = await stream.next_batch()
+        shed = shed_error(first[-1], req.tier, app[ENGINE_KEY].config)
+        if shed is not None:
+            raise shed
         if req.stream:
-            return await _stream_response(request, req, stream)
-        return await _full_response(req, stream)
+            return await _stream_response(request, req, stream, first)
+        return await _full_response(req, stream, first)
     finally:
         eloop.release(rid)
 
 
-async def _full_response(req: GenerationRequest, stream: RequestStream) -> web.Response:
-    last = None
-    while last is None or not last.finished:
+async def _full_response(req: GenerationRequest, stream: RequestStream, first: list[Any]) -> web.Response:
+    last = first[-1]
+    while not last.finished:
         last = (await stream.next_batch())[-1]
     completion_tokens = sum(len(c.token_ids) for c in last.outputs)
     body = full_response(
@@ -226,7 +232,7 @@ async def _full_response(req: GenerationRequest, stream: RequestStream) -> web.R
 
 
 async def _stream_response(
-    request: web.Request, req: GenerationRequest, stream: RequestStream
+    request: web.Request, req: GenerationRequest, stream: RequestStream, first: list[Any]
 ) -> web.StreamResponse:
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
     await resp.prepare(request)
@@ -234,21 +240,18 @@ async def _stream_response(
     n = req.sampling["n"]
     finished_choices: set[int] = set()
     try:
-        if chat:  # OpenAI opens each choice with the assistant role
-            await resp.write(
-                b"".join(
-                    sse_event(chat_chunk(rid, created, model, i, {"role": "assistant", "content": ""}, None))
-                    for i in range(n)
-                )
-            )
-        last = None
+        # OpenAI opens each choice with the assistant role; it goes out with the first tokens
+        opening = [sse_event(chat_chunk(rid, created, model, i, {"role": "assistant", "content": ""}, None))
+                   for i in range(n)] if chat else []
+        last, batch = None, first
         while last is None or not last.finished:
-            try:
-                batch = await stream.next_batch()
-            except APIError as e:  # engine failure or shutdown: tell the client inside the stream
-                await resp.write(sse_event(e.body()) + SSE_DONE)
-                return resp
-            parts = []
+            if batch is None:
+                try:
+                    batch = await stream.next_batch()
+                except APIError as e:  # engine failure or shutdown: tell the client inside the stream
+                    await resp.write(sse_event(e.body()) + SSE_DONE)
+                    return resp
+            parts, opening = opening, []
             for out in batch:
                 for c in out.outputs:
                     if c.index in finished_choices:
@@ -285,6 +288,7 @@ async def _stream_response(
                 parts.append(SSE_DONE)
             if parts:
                 await resp.write(b"".join(parts))
+            batch = None
     except (ConnectionResetError, ConnectionError):
         # The client went away; _generate's finally aborts the request and frees its KV.
         return resp

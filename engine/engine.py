@@ -16,6 +16,7 @@ import torch
 from engine.admission import AdmissionEstimator, QueueSnapshot
 from engine.block_manager import BlockManager
 from engine.config import TIERS, EngineConfig, normalize_tier
+from engine.engine_stats import collect_stats
 from engine.errors import (
     CapacityExceededError,
     InvalidRequestError,
@@ -73,6 +74,7 @@ class Engine:
         self._work = threading.Event()
         self._step_lock = threading.RLock()
         self.admission_rejections = dict.fromkeys(TIERS, 0)
+        self.num_shed = dict.fromkeys(TIERS, 0)  # queued requests shed: they could no longer keep their promise
         self.step_times = StepTimes()
 
     # ---- requests in ----------------------------------------------------------------------------
@@ -177,6 +179,7 @@ class Engine:
             clock = StepClock()
             outputs: dict[str, RequestOutput] = {}
             self._drain_inbox(outputs, clock.start)
+            self._shed_late(outputs, clock.start)
             plan = self.scheduler.schedule()
             clock.mark_scheduled()
             self.runner.execute_ops(plan.ops)
@@ -218,6 +221,26 @@ class Engine:
                 for seq in request.seqs:
                     if not seq.is_finished:
                         seq.status, seq.finish_reason = SeqStatus.FINISHED, "abort"
+                self._finish_request(request, outputs, now)
+
+    def _shed_late(self, outputs: dict[str, RequestOutput], now: float) -> None:
+        """Finish (reason "shed") every queued request that never started and can no longer keep its promise
+        (engine/admission.py); the server answers it 429."""
+        if self.config.admission != "slo":
+            return
+        for tier, queue in self.scheduler.queues.waiting.items():
+            late = []
+            for request in queue:  # in arrival order within the tier: stop at the first that still has time
+                deadline = self.admission.shed_deadline_s(tier, len(request.prompt_ids))
+                if deadline is None or now - request.arrival_time <= deadline:
+                    break
+                if request.first_scheduled_time is None:  # one that started keeps its place
+                    late.append(request)
+            for request in late:
+                for seq in request.seqs:
+                    seq.status, seq.finish_reason = SeqStatus.FINISHED, "shed"
+                self.num_shed[tier] += 1
+                self.admission_rejections[tier] += 1  # a 429 like the others, only later
                 self._finish_request(request, outputs, now)
 
     def _start(self, request: Request) -> None:
@@ -329,46 +352,9 @@ class Engine:
 
     def stats(self) -> EngineStats:
         with self._step_lock:
-            kv = self.block_manager.stats()
-            sched = self.scheduler
-            running_by_tier = dict.fromkeys(TIERS, 0)
-            blocks_by_tier: dict[str, set[int]] = {t: set() for t in TIERS}
-            seqs_by_tier = dict.fromkeys(TIERS, 0)
-            for request in sched.running:
-                running_by_tier[request.tier] += 1
-                seqs_by_tier[request.tier] += sum(not s.is_finished for s in request.seqs)
-                for seq in request.seqs:
-                    blocks_by_tier[request.tier].update(self.block_manager.tables.get(seq.seq_id, ()))
-            num_running = sum(running_by_tier.values())
-            num_running_seqs = sum(seqs_by_tier.values())
             with self._inbox_lock:
                 snapshot = self._queue_snapshot()
-            return EngineStats(
-                kv_usage=kv.usage,
-                fragmentation=kv.fragmentation,
-                num_kv_blocks=kv.num_blocks,
-                used_kv_blocks=kv.used_blocks,
-                blocks_saved_by_sharing=kv.blocks_saved_by_sharing,
-                prefix_query_tokens=kv.prefix_query_tokens,
-                prefix_hit_tokens=kv.prefix_hit_tokens,
-                num_running=num_running,
-                num_running_seqs=num_running_seqs,
-                num_waiting=sched.num_waiting() + sum(self._pending_by_tier.values()),
-                num_swapped=sched.num_swapped(),
-                batch_fill_ratio=num_running_seqs / self.config.max_num_seqs,
-                num_preemptions=sched.num_preemptions,
-                num_swap_outs=sched.num_swap_outs,
-                admission_rejections=dict(self.admission_rejections),
-                waiting_by_tier={t: len(sched.waiting[t]) + self._pending_by_tier[t] for t in TIERS},
-                running_by_tier=running_by_tier,
-                running_seqs_by_tier=seqs_by_tier,
-                kv_usage_by_tier={t: len(b) / kv.num_blocks for t, b in blocks_by_tier.items()},
-                estimated_queue_wait_s={t: self.admission.queue_wait_s(t, snapshot) for t in TIERS},
-                steps=sched.step_count,
-                schedule_time_s=self.step_times.schedule_s,
-                process_time_s=self.step_times.process_s,
-                step_time_s=self.step_times.step_s,
-            )
+            return collect_stats(self, snapshot)
 
     def check_integrity(self) -> None:
         """Block accounting holds, only live sequences own blocks, the scheduler's queues and the premium

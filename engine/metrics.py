@@ -200,7 +200,13 @@ class ServerMetrics:
         )
         self._tier_rejections = Counter(
             "slobench:admission_rejections",
-            "Requests rejected at admission (full tier queue or SLO admission, HTTP 429).",
+            "Requests rejected at admission (full tier queue or SLO admission, HTTP 429), shed ones included.",
+            tl,
+            registry=r,
+        )
+        self._tier_shed = Counter(
+            "slobench:requests_shed",
+            "Queued requests shed before they started: they could no longer keep their tier's promise (HTTP 429).",
             tl,
             registry=r,
         )
@@ -224,6 +230,7 @@ class ServerMetrics:
                 "kv": self._tier_kv.labels(model_name, t),
                 "fill": self._tier_fill.labels(model_name, t),
                 "rej": self._tier_rejections.labels(model_name, t),
+                "shed": self._tier_shed.labels(model_name, t),
                 "running": self._tier_running.labels(model_name, t),
                 "waiting": self._tier_waiting.labels(model_name, t),
                 "wait": self._tier_wait.labels(model_name, t),
@@ -263,6 +270,8 @@ class ServerMetrics:
 
     def observe_finished(self, out: Any) -> None:
         reasons = [c.finish_reason for c in out.outputs]
+        if "shed" in reasons:  # answered 429: not a finished request
+            return
         reason = "abort" if "abort" in reasons else ("length" if "length" in reasons else "stop")
         self._success.labels(*self._success_lv, reason).inc()
         t = out.timing
@@ -329,6 +338,7 @@ class ServerMetrics:
         kv_by_tier = getattr(stats, "kv_usage_by_tier", None)
         rejections = getattr(stats, "admission_rejections", None) or {}
         waits = getattr(stats, "estimated_queue_wait_s", None) or {}
+        shed = getattr(stats, "shed_by_tier", None) or {}
         for tier, series in self._tier.items():
             series["wait"].set(waits.get(tier, 0.0))
             running = running_by_tier.get(tier, 0)
@@ -340,6 +350,9 @@ class ServerMetrics:
             d = self._delta(f"rej:{tier}", rejections.get(tier, 0))
             if d:
                 series["rej"].inc(d)
+            d = self._delta(f"shed:{tier}", shed.get(tier, 0))
+            if d:
+                series["shed"].inc(d)
         if kv_by_tier is None:  # the engine does not split KV by tier: attribute by running share
             total = sum(running_by_tier.get(t, 0) for t in self._tier)
             for tier, series in self._tier.items():

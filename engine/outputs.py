@@ -79,3 +79,4 @@ class EngineStats:
     schedule_time_s: float  # in the scheduler, cumulative
     process_time_s: float  # sampling bookkeeping, stop checks, detokenizing, outputs, cumulative
     step_time_s: float  # whole steps, cumulative
+    shed_by_tier: dict[str, int] = field(default_factory=dict)  # cumulative; also in admission_rejections

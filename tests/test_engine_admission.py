@@ -146,3 +146,31 @@ def test_a_saturating_tier_above_makes_the_wait_infinite_and_the_request_is_refu
     with pytest.raises(SLOUnattainableError) as e:
         est.check("standard", 64, snapshot())
     assert e.value.retry_after_s == 60
+
+
+def test_shed_deadline_is_the_admission_target_less_the_requests_own_steps():
+    est = estimator()  # step time 0.05 s, 256-token chunks
+    assert est.shed_deadline_s("premium", 170) == pytest.approx(0.8 * 0.3 - 0.05 * 2)
+    assert est.shed_deadline_s("standard", 600) == pytest.approx(0.8 * 0.8 - 0.05 * 4)
+    assert est.shed_deadline_s("basic", 170) is None  # no promise, never shed
+    assert estimator(admission="queue-length").shed_deadline_s("standard", 170) is None
+
+
+def test_a_queued_request_that_can_no_longer_keep_its_promise_is_shed_and_one_that_started_is_not():
+    from engine import Engine, SamplingParams
+
+    engine = Engine(EngineConfig(model="tiny", max_num_seqs=1, tier_ttft_slo_ms={"premium": 300, "standard": 40}))
+    long = engine.add_request([1, 2, 3], SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
+    engine.step()  # it runs and holds the only slot; the estimator has no finished request yet: admit
+    late = engine.add_request([4, 5, 6], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outs[out.request_id] = out
+        engine.check_integrity()
+    assert [c.finish_reason for c in outs[late].outputs] == ["shed"] and outs[late].outputs[0].token_ids == []
+    assert outs[late].timing.first_scheduled_time is None
+    assert outs[long].outputs[0].finish_reason == "length" and len(outs[long].outputs[0].token_ids) == 400
+    stats = engine.stats()
+    assert stats.shed_by_tier["standard"] == 1 and stats.admission_rejections["standard"] == 1
+    assert stats.kv_usage == 0

@@ -119,3 +119,32 @@ def test_never_fitting_requests_get_400_and_an_overflowing_seed_fails_nobody():
         server.call(server.engine.check_integrity)
     finally:
         server.stop()
+
+
+def test_a_request_shed_from_the_queue_is_a_plain_429_streamed_or_not():
+    """Once queued past what its promise allows, a request that never started is answered 429, headers
+    included, even when it asked for a stream (the status waits for the engine's first output)."""
+    from engine.core_client import EngineCoreClient
+
+    config = EngineConfig(model="tiny", max_num_seqs=1, tier_ttft_slo_ms={"premium": 300, "standard": 40})
+    with BackgroundServer(EngineCoreClient(config)) as server:
+        url = server.url + "/v1/completions"
+
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                hog = asyncio.create_task(post(s, url, {"prompt": "a", "max_tokens": 600, "ignore_eos": True,
+                                                        "service_tier": "premium"}))
+                await asyncio.sleep(0.3)  # the hog holds the only batch slot
+                late = await asyncio.gather(
+                    post(s, url, {"prompt": "b", "max_tokens": 4, "stream": True}),
+                    post(s, url, {"prompt": "c", "max_tokens": 4}))
+                return await hog, late
+
+        hog, late = asyncio.run(go())
+        assert hog["status"] == 200 and hog["body"]["usage"]["completion_tokens"] == 600
+        for r in late:
+            assert r["status"] == 429 and r["headers"]["Retry-After"] == "1"
+            assert r["body"]["error"]["code"] == "slo_unattainable"
+            assert "held this request" in r["body"]["error"]["message"]
+        stats = server.call(server.engine.stats)
+        assert stats.shed_by_tier["standard"] == 2 and stats.kv_usage == 0
