@@ -8,6 +8,9 @@
     slobench gate RUN_DIR --baseline B [--rules R]       CI gate: exit 0 pass, 1 regression, 2 bad input
     slobench mock-server [--strict] [--ttft-ms ...]      a mock target with exact timing
     slobench calibrate SCENARIO.yaml [--slots C ...]     the capacity search against a mock of known capacity
+    slobench plan SCENARIO.yaml --model M --hardware H   capacity planning: theory, calibration, prediction
+    slobench watch TARGET --baseline RUN_DIR             the five health signals against a capacity run
+    slobench export-monitoring RUN_DIR                   Grafana dashboard + Prometheus alerts from a run
     slobench serve ...                                    the reference engine's server
     slobench generate PROMPT                              one offline generation with the engine
 
@@ -261,6 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
+
+    from loadgen.commands import export_monitoring, watch
+    from loadgen.commands.plan import register as register_plan
+
+    register_plan(sub)
+    watch.register(sub)
+    export_monitoring.register(sub)
     return ap
 
 
@@ -268,13 +278,17 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     # Imported on use: each command module pulls in only what its command needs (torch, pandas, rich).
     from loadgen.commands.calibrate import cmd_calibrate
     from loadgen.commands.capacity import cmd_capacity
+    from loadgen.commands.export_monitoring import cmd_export_monitoring
     from loadgen.commands.load_runs import cmd_replay, cmd_run
+    from loadgen.commands.plan import cmd_plan
     from loadgen.commands.results import cmd_gate, cmd_report, cmd_summarize
     from loadgen.commands.targets import cmd_generate, cmd_mock_server
+    from loadgen.commands.watch import cmd_watch
 
     return {"run": cmd_run, "replay": cmd_replay, "summarize": cmd_summarize, "capacity": cmd_capacity,
             "mock-server": cmd_mock_server, "generate": cmd_generate, "report": cmd_report, "gate": cmd_gate,
-            "calibrate": cmd_calibrate}
+            "calibrate": cmd_calibrate, "plan": cmd_plan, "watch": cmd_watch,
+            "export-monitoring": cmd_export_monitoring}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("loadgen", "engine")
 MAX_LINES = 400
 # loadgen's layers, lowest first: a module imports only from its own layer or lower ones
-LAYERS = {"results": 0, "workload": 1, "scenario": 2, "target": 3, "drivers": 4, "capacity": 5, "fixed_load": 5,
-          "gate": 6, "report": 7, "monitoring": 7, "commands": 8, "cli": 9}
+LAYERS = {"results": 0, "workload": 1, "scenario": 2, "target": 3, "drivers": 4, "capacity": 5, "planning": 5,
+          "fixed_load": 5, "gate": 6, "report": 7, "monitoring": 7, "commands": 8, "cli": 9}
 ENGINE_USERS = ("loadgen.commands", "loadgen.cli")  # `slobench serve` / `generate` run the engine in-process
 
 
