@@ -27,9 +27,9 @@ With `admission="slo"`, a request that would queue (wait > 0) and whose estimate
 default; the rest of the promise is for what the engine does not see: HTTP, the network, the client) is
 refused at once, HTTP 429 with Retry-After = ceil(estimate - target) s (1 to 60), instead of queueing for
 seconds; a tier without a promise (basic) keeps only its queue bound, `max_waiting_per_tier`.
-The same rule holds while a request waits: a queued request that has not started and whose wait so far plus
-its own steps passes the target is shed (`shed_deadline_s`), answered 429 then instead of a first token that
-would come too late (the measured rates can change after it was admitted: a burst of a higher tier, or a
+While a request waits, a queued request that has not started and whose wait so far plus its own steps passes
+the promise itself is shed (`shed_deadline_s`), answered 429 then instead of a first token that would come
+too late (the measured rates can change after it was admitted: a burst of a higher tier, or a
 lull in the arrival estimate). `admission="queue-length"` keeps only the bounds. Either way the wait is exported as
 `slobench:estimated_queue_wait_seconds{tier}`.
 """
@@ -152,15 +152,16 @@ class AdmissionEstimator:
     def shed_deadline_s(self, tier: str, prompt_tokens: int) -> float | None:
         """How long a queued request of `tier` may wait unstarted before it is shed (None: never).
 
-        The admission check's own rule, applied again as the request waits: once the wait so far plus its
-        own steps (the one under way, then its prefill chunks) passes the target share of the promise, the
-        request can no longer keep it, and answering 429 now beats a first token that arrives too late.
+        Once the wait so far plus its own steps (the one under way, then its prefill chunks) passes the
+        promise itself, the request can no longer keep it, and answering 429 now beats a first token that
+        arrives too late. (Admission judges against the target share of the promise, leaving room for
+        HTTP and the network; shedding only what is past hope leaves alone a request that is merely late.)
         """
         slo = self.slo_s.get(tier)
         if self.mode != "slo" or slo is None:
             return None
         steps = 1 + (-(-prompt_tokens // self.prefill_chunk) if self.prefill_chunk else 1)
-        return self.target_frac * slo - (self.step_s or 0.0) * steps
+        return slo - (self.step_s or 0.0) * steps
 
     def check(self, tier: str, prompt_tokens: int, snap: QueueSnapshot) -> None:
         """Raise SLOUnattainableError when the request would queue past its tier's TTFT promise."""
