@@ -51,14 +51,27 @@ client: {{lateness_bound_ms: 50}}
 """
 
 
-def rss_kb(pid: int) -> int | None:
+def _rss_one(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     except OSError:
-        return None
-    return None
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def rss_kb(pid: int) -> int | None:
+    """The server's resident memory: its front end and its engine-core process together."""
+    total = _rss_one(pid) + sum(_rss_one(c) for c in _children(pid))
+    return total or None
 
 
 def idle_kv(url: str, timeout_s: float = 30.0) -> float | None:

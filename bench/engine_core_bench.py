@@ -1,0 +1,120 @@
+"""The engine core in its own process vs one process (issue: engine speed), side by side in one run.
+
+For each mode (``--engine-core thread``: the HTTP front end and the engine loop share one interpreter;
+``process``: the engine core runs in a process of its own) this starts ``slobench serve`` with the
+scenario's engine options pinned to core 0 (``taskset -c 0``: both processes of the process mode share it)
+and runs ``slobench capacity SCENARIO --target URL`` pinned to core 1, as the issue sets it up. Written per
+mode: the rated capacity (offered rate, interval, binding tier), the rated step's TTFT and its breakdown,
+where ``p50_network_ms`` (client TTFT - queue - prefill) is the front end's share plus the loopback, and the
+wall time. Modes alternate over ``--repeats`` so that drift on the machine falls on both alike.
+
+    .venv/bin/python bench/engine_core_bench.py --repeats 1 --json bench/results/engine-core.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
+from loadgen.scenario.parse import load_scenario  # noqa: E402
+from loadgen.target.embedded import engine_args, free_port, wait_healthy  # noqa: E402
+
+
+def rated_step(summary: dict) -> dict | None:
+    idx = (summary.get("rated_capacity") or {}).get("step")
+    steps = summary.get("steps") or []
+    if isinstance(idx, int) and 0 <= idx < len(steps):
+        return steps[idx]
+    passing = [s for s in steps if s.get("passed") and s.get("counted", True)]
+    return max(passing, key=lambda s: s.get("offered_rps") or 0) if passing else None
+
+
+def run_mode(mode: str, scenario: Path, seed: int, work: Path) -> dict:
+    scn = load_scenario(scenario)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(work / f"server-{mode}.log", "wb")  # noqa: SIM115 (closed below)
+    server = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "engine.server", "--port", str(port),
+                               "--engine-core", mode, *engine_args(scn.engine or {"model": "tiny"})],
+                              cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(url, server, 180)
+        out = work / f"capacity-{mode}"
+        t0 = time.monotonic()
+        r = subprocess.run(["taskset", "-c", "1", sys.executable, "-m", "loadgen.cli", "capacity", str(scenario),
+                            "--target", url, "--seed", str(seed), "--out", str(out), "--no-progress", "--no-report"],
+                           cwd=REPO, capture_output=True, text=True)
+        wall = time.monotonic() - t0
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
+    if not (out / "summary.json").exists():
+        return {"mode": mode, "returncode": r.returncode, "error_text": r.stderr[-2000:]}
+    s = json.loads((out / "summary.json").read_text())
+    rc = s.get("rated_capacity") or {}
+    step = rated_step(s) or {}
+    b = step.get("breakdown") or {}
+    summ = step.get("summary") or {}
+    return {
+        "mode": mode, "returncode": r.returncode, "wall_s": round(wall, 1), "verdict": s.get("verdict"),
+        "rated_rps": rc.get("rate_rps"), "requested_rps": rc.get("requested_rps"),
+        "ci_low": rc.get("ci_low"), "ci_high": rc.get("ci_high"), "binding": rc.get("binding"),
+        "rated_step": {k: step.get(k) for k in ("index", "offered_rps", "throughput_rps", "output_tok_s",
+                                                 "batch_fill_ratio")},
+        "rated_step_ttft_ms": {k: summ.get(k) for k in ("p50_ttft_ms", "p99_ttft_ms")},
+        "rated_step_breakdown_ms": {k: b.get(k) for k in ("source", "p50_queue_ms", "p50_prefill_ms",
+                                                          "p50_network_ms", "p99_network_ms", "mean_network_ms")},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "chat.yaml")
+    ap.add_argument("--modes", nargs="+", default=["thread", "process"], choices=["thread", "process"])
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for mode in args.modes:
+                print(f"repeat {rep + 1}: {mode} ...", flush=True)
+                res = run_mode(mode, args.scenario, args.seed, Path(tmp))
+                res["repeat"] = rep + 1
+                runs.append(res)
+                print(f"  rated {res.get('rated_rps')} req/s, front end + loopback p50 "
+                      f"{(res.get('rated_step_breakdown_ms') or {}).get('p50_network_ms')} ms, "
+                      f"{res.get('wall_s')} s", flush=True)
+    by_mode = {}
+    for mode in args.modes:
+        rated = [r["rated_rps"] for r in runs if r["mode"] == mode and r.get("rated_rps")]
+        net = [r["rated_step_breakdown_ms"]["p50_network_ms"] for r in runs
+               if r["mode"] == mode and (r.get("rated_step_breakdown_ms") or {}).get("p50_network_ms") is not None]
+        by_mode[mode] = {"median_rated_rps": statistics.median(rated) if rated else None,
+                         "median_p50_network_ms": statistics.median(net) if net else None}
+    out = {"bench": "engine_core_bench", "when": now_iso(), "commit": git_commit(), "machine": machine(),
+           "versions": versions(), "scenario": str(args.scenario.relative_to(REPO)), "seed": args.seed,
+           "pinning": "server (both processes in process mode) on core 0, load generator on core 1",
+           "runs": runs, "by_mode": by_mode}
+    if by_mode.get("thread", {}).get("median_rated_rps") and by_mode.get("process", {}).get("median_rated_rps"):
+        out["process_over_thread"] = by_mode["process"]["median_rated_rps"] / by_mode["thread"]["median_rated_rps"]
+    print(json.dumps(by_mode, indent=2), out.get("process_over_thread"))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
