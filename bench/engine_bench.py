@@ -16,88 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
-import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine
 
-
-def mixed_workload(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    """Chat-like mix: prompts 16-128 tokens, outputs lognormal around 64 (8..384): lengths vary a lot."""
-    rng = random.Random(seed)
-    work = []
-    for _ in range(n):
-        prompt = [rng.randrange(256) for _ in range(rng.randint(16, 128))]
-        out = int(min(384, max(8, rng.lognormvariate(4.2, 0.8))))
-        work.append((prompt, out))
-    return work
-
-
-def run_workload(engine: Engine, work, max_tokens_cap: int | None = None) -> dict:
-    """Queue every request at t=0 and run to completion.
-
-    With max_tokens_cap, each request asks for that many tokens (as API clients commonly do) but ends at
-    its own length, the way a real model stops at end-of-sequence; the random-weight model has no such
-    sense, so the bench ends it (abort) once it has produced its length.
-    """
-    targets = {}
-    for prompt, out in work:
-        params = SamplingParams(max_tokens=max_tokens_cap or out, temperature=0.0, ignore_eos=True)
-        targets[engine.add_request(prompt, params)] = out
-    frag, running, saturated, usage = [], [], [], []
-    start = time.perf_counter()
-    tokens = 0
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                tokens += len(o.token_ids)
-            elif max_tokens_cap and len(o.token_ids) >= targets[o.request_id]:
-                engine.abort(o.request_id)
-        s = engine.stats()
-        if s.used_kv_blocks:
-            frag.append(s.fragmentation)
-            usage.append(s.kv_usage)
-        running.append(s.num_running)
-        if s.num_waiting:
-            saturated.append(s.num_running)
-    wall = time.perf_counter() - start
-    engine.check_integrity()
-    s = engine.stats()
-    return {
-        "wall_s": wall,
-        "output_tokens": tokens,
-        "output_tok_s": tokens / wall,
-        "mean_fragmentation": statistics.fmean(frag),
-        "mean_running": statistics.fmean(running),
-        # while requests were still queued, i.e. when the KV pool or batch slots were the limit
-        "mean_running_saturated": statistics.fmean(saturated) if saturated else float("nan"),
-        "mean_kv_usage": statistics.fmean(usage),
-        "steps": s.steps,
-        "schedule_share": s.schedule_time_s / s.step_time_s,
-        "process_share": s.process_time_s / s.step_time_s,
-    }
-
-
-def decode_rate(model: str, batch: int, steps: int = 20) -> dict:
-    engine = Engine(EngineConfig(model=model, max_num_seqs=max(batch, 1), kv_cache_tokens=32768))
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request([(i + j) % 256 for j in range(32)], params)
-    while engine.stats().num_running < batch or engine.scheduler.num_waiting():
-        engine.step()
-    engine.step()  # every prefill done: from here each step is one decode token per sequence
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t)
-    step = statistics.median(times)
-    return {"batch": batch, "median_step_ms": step * 1e3, "decode_tok_s": batch / step}
+# The measuring code lives in the engine's experiments package (`slobench experiments` runs the same); its
+# config() keeps admission from shedding the queue at t = 0 that these runs start with.
+from engine.experiments.drive import config, decode_rate, mixed_workload
+from engine.experiments.drive import run_batch as run_workload
 
 
 def main() -> None:
@@ -110,7 +39,8 @@ def main() -> None:
     results: dict = {"model": args.model, "requests": args.requests}
 
     console.rule("decode throughput")
-    results["decode"] = [decode_rate(args.model, b) for b in (1, 8, 32, 64)]
+    results["decode"] = [decode_rate(Engine(config(model=args.model, max_num_seqs=b, kv_cache_tokens=32768)), b)
+                         for b in (1, 8, 32, 64)]
     t = Table("batch", "median step ms", "decode tok/s")
     for r in results["decode"]:
         t.add_row(str(r["batch"]), f"{r['median_step_ms']:.2f}", f"{r['decode_tok_s']:.0f}")
@@ -120,8 +50,8 @@ def main() -> None:
     base = {"model": args.model, "max_num_seqs": 32, "kv_cache_tokens": 65536}
 
     console.rule("continuous vs static batching (same workload)")
-    cont = run_workload(Engine(EngineConfig(**base)), work)
-    static = run_workload(Engine(EngineConfig(**base, batching="static")), work)
+    cont = run_workload(Engine(config(**base)), work)
+    static = run_workload(Engine(config(**base, batching="static")), work)
     results["batching"] = {"continuous": cont, "static": static,
                            "throughput_ratio": cont["output_tok_s"] / static["output_tok_s"]}
     console.print(f"continuous {cont['output_tok_s']:.0f} tok/s, static {static['output_tok_s']:.0f} tok/s: "
@@ -136,7 +66,7 @@ def main() -> None:
         "paged, max_tokens = 512": (dict(tight), 512),
         "contiguous, max_tokens = 512": ({**tight, "kv_allocation": "contiguous"}, 512),
     }
-    kv = {name: run_workload(Engine(EngineConfig(**cfg)), work, cap) for name, (cfg, cap) in variants.items()}
+    kv = {name: run_workload(Engine(config(**cfg)), work, cap) for name, (cfg, cap) in variants.items()}
     results["kv_allocation"] = kv
     t = Table("allocation", "mean fragmentation", "mean running (queue non-empty)", "output tok/s")
     for name, r in kv.items():
@@ -152,7 +82,7 @@ def main() -> None:
     console.rule("scheduler overhead vs re-batching interval")
     overhead = {}
     for interval in (1, 4, 8):
-        r = run_workload(Engine(EngineConfig(**base, rebatch_interval=interval)), work)
+        r = run_workload(Engine(config(**base, rebatch_interval=interval)), work)
         overhead[interval] = {"schedule_share": r["schedule_share"], "process_share": r["process_share"],
                               "output_tok_s": r["output_tok_s"]}
     results["rebatch_interval"] = overhead
