@@ -79,7 +79,9 @@ class Engine:
 
     # ---- requests in ----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    tier: str | None = "standard", request_id: str | None = None) -> str:
+                    tier: str | None = "standard", request_id: str | None = None, slo_admission: bool = True) -> str:
+        """Queue a request (any thread). `slo_admission=False` (offline work, `generate`) skips SLO-aware
+        admission for it: neither refused at arrival nor shed while it waits; the queue bound still holds."""
         params = params or SamplingParams()
         try:
             tier = normalize_tier(tier)
@@ -94,13 +96,14 @@ class Engine:
             )
         self._check_fits_alone(len(prompt_ids), params, tier)
         request_id = request_id or f"req-{next(_request_ids)}"
-        request = Request(request_id, prompt_ids, params, tier)
+        request = Request(request_id, prompt_ids, params, tier, sheddable=slo_admission)
         limit = self.config.max_waiting_per_tier.get(tier, 0)
         with self._inbox_lock:
             try:
                 if self.scheduler.num_waiting(tier) + self._pending_by_tier[tier] >= limit:
                     raise QueueFullError(tier, limit)
-                self.admission.check(tier, len(prompt_ids), self._queue_snapshot())
+                if slo_admission:
+                    self.admission.check(tier, len(prompt_ids), self._queue_snapshot())
             except (QueueFullError, SLOUnattainableError):
                 self.admission_rejections[tier] += 1
                 raise
@@ -234,7 +237,7 @@ class Engine:
                 deadline = self.admission.shed_deadline_s(tier, len(request.prompt_ids))
                 if deadline is None or now - request.arrival_time <= deadline:
                     break
-                if request.first_scheduled_time is None:  # one that started keeps its place
+                if request.first_scheduled_time is None and request.sheddable:  # one that started keeps its place
                     late.append(request)
             for request in late:
                 for seq in request.seqs:
@@ -342,7 +345,7 @@ class Engine:
         """Run prompts to completion in one batch; one finished RequestOutput per prompt, in order."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        ids = [self.add_request(p, params, tier) for p in prompts]
+        ids = [self.add_request(p, params, tier, slo_admission=False) for p in prompts]
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             for out in self.step():

@@ -80,6 +80,7 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # arrival of each step's tokens
+    sheddable: bool = True  # SLO-aware admission may shed it while queued (not offline work: generate())
 
     @property
     def is_finished(self) -> bool:

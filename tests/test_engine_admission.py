@@ -174,3 +174,14 @@ def test_a_queued_request_that_can_no_longer_keep_its_promise_is_shed_and_one_th
     stats = engine.stats()
     assert stats.shed_by_tier["standard"] == 1 and stats.admission_rejections["standard"] == 1
     assert stats.kv_usage == 0
+
+
+def test_offline_generate_is_neither_refused_nor_shed():
+    """generate() is offline work: a queue far past the standard promise still runs to the end."""
+    from engine import Engine, SamplingParams
+
+    engine = Engine(EngineConfig(model="tiny", max_num_seqs=1, tier_ttft_slo_ms={"premium": 300, "standard": 1}))
+    outs = engine.generate([[i + 1, 2, 3] for i in range(6)], SamplingParams(max_tokens=30, temperature=0,
+                                                                             ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [30] * 6
+    assert engine.stats().shed_by_tier["standard"] == 0
