@@ -11,6 +11,7 @@
     slobench plan SCENARIO.yaml --model M --hardware H   capacity planning: theory, calibration, prediction
     slobench watch TARGET --baseline RUN_DIR             the five health signals against a capacity run
     slobench export-monitoring RUN_DIR                   Grafana dashboard + Prometheus alerts from a run
+    slobench experiments [NAME ...] [--reduced]          the seed's claims measured on the reference engine
     slobench serve ...                                    the reference engine's server
     slobench generate PROMPT                              one offline generation with the engine
 
@@ -265,12 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
 
-    from loadgen.commands import export_monitoring, watch
+    from loadgen.commands import experiments, export_monitoring, watch
     from loadgen.commands.plan import register as register_plan
 
     register_plan(sub)
     watch.register(sub)
     export_monitoring.register(sub)
+    experiments.register(sub)
     return ap
 
 
@@ -278,6 +280,7 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     # Imported on use: each command module pulls in only what its command needs (torch, pandas, rich).
     from loadgen.commands.calibrate import cmd_calibrate
     from loadgen.commands.capacity import cmd_capacity
+    from loadgen.commands.experiments import cmd_experiments
     from loadgen.commands.export_monitoring import cmd_export_monitoring
     from loadgen.commands.load_runs import cmd_replay, cmd_run
     from loadgen.commands.plan import cmd_plan
@@ -288,7 +291,7 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     return {"run": cmd_run, "replay": cmd_replay, "summarize": cmd_summarize, "capacity": cmd_capacity,
             "mock-server": cmd_mock_server, "generate": cmd_generate, "report": cmd_report, "gate": cmd_gate,
             "calibrate": cmd_calibrate, "plan": cmd_plan, "watch": cmd_watch,
-            "export-monitoring": cmd_export_monitoring}
+            "export-monitoring": cmd_export_monitoring, "experiments": cmd_experiments}
 
 
 def main(argv: list[str] | None = None) -> int:
