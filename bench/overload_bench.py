@@ -96,6 +96,17 @@ def rate_it(url: str, out: Path) -> float:
     return float(rated["rate_rps"])
 
 
+def ttft_parts(ok: list[dict]) -> dict:
+    """p50 / p90 / p99 of each part of the accepted requests' TTFT: the engine's queue and prefill (its own
+    timing), and the rest (front end, pipes, loopback, client; with the presets' byte tokenizer also the
+    steps until the first token's text is whole: an incomplete UTF-8 sequence is held back)."""
+    rows = [(x["server"]["queue_ms"], x["server"]["prefill_ms"], latency.ttft_ms(x)) for x in ok
+            if x.get("server") and x["server"].get("queue_ms") is not None]
+    parts = {"queue": [q for q, _, _ in rows], "prefill": [p for _, p, _ in rows],
+             "outside_engine": [t - q - p for q, p, t in rows]}
+    return {name: {f"p{k}": latency.percentile(v, k) for k in (50, 90, 99)} for name, v in parts.items()}
+
+
 def load_run(url: str, rate: float, duration: float, out: Path) -> dict:
     scn = out.with_suffix(".yaml")
     scn.write_text(SCENARIO.format(rate=rate, duration=duration, **MIX))
@@ -122,7 +133,7 @@ def load_run(url: str, rate: float, duration: float, out: Path) -> dict:
         res["tiers"][tier] = {"requests": len(rs), "accepted_ok": len(ok),
                               "rejected_429": sum(1 for x in rs if x["status"] == "rejected"),
                               "p50_ttft_ms": latency.percentile(ttft, 50), "p99_ttft_ms": latency.percentile(ttft, 99),
-                              "promise_ms": promise, "met_promise": len(met)}
+                              "promise_ms": promise, "met_promise": len(met), "ttft_parts_ms": ttft_parts(ok)}
     res["goodput_rps"] = good / span if span > 0 else None
     retry = [x["error"] for x in recs if x["status"] == "rejected"][:3]
     res["rejection_examples"] = retry
