@@ -27,6 +27,7 @@ from loadgen.drivers.event_loop import run_sync
 from loadgen.drivers.factory import make_driver
 from loadgen.drivers.http_request import ClientConfig
 from loadgen.planning.step_model import LinearStep
+from loadgen.results import latency
 from loadgen.results.records import RecordWriter, read_records
 from loadgen.target.prepare import TargetOptions, prepare_target
 from loadgen.workload.specs import DEFAULT_TOKEN_RANGE, RequestSpec
@@ -149,8 +150,10 @@ def observe(pt: Point, records: list[dict]) -> Observation | None:
             continue
         if srv.get("decode_ms") is not None:
             v, src = srv["decode_ms"] / 1e3, "server timing"
+        elif (gen := latency.generation_ms(r)) is not None:
+            v, src = gen / 1e3, "client timing"
         else:
-            v, src = r["done_s"] - r["first_token_s"], "client timing"
+            continue
         rows.append((r["first_token_s"], r["done_s"], out, r.get("prompt_tokens") or pt.prompt, v, src))
     if not rows:
         return None
@@ -177,8 +180,8 @@ def _observe_prefill(pt: Point, records: list[dict]) -> Observation | None:
         if srv.get("prefill_ms") is not None:
             vals.append(srv["prefill_ms"] / 1e3)
             sources.add("server timing")
-        elif r.get("first_token_s") is not None:
-            vals.append(r["first_token_s"] - r["scheduled_s"])
+        elif (ttft := latency.ttft_ms(r)) is not None:
+            vals.append(ttft / 1e3)
             sources.add("client timing")
         else:
             continue

@@ -61,6 +61,13 @@ def ttfot_ms(r: Any) -> float | None:
     return None if first is None else (first - _get(r, "scheduled_s")) * 1000.0
 
 
+def generation_ms(r: Any) -> float | None:
+    """From the first token to the last (the client's view of decode), when two or more chunks arrived."""
+    ts = _get(r, "token_s")
+    first = _get(r, "first_token_s")
+    return (ts[-1] - first) * 1000.0 if ts and first is not None and len(ts) > 1 else None
+
+
 def e2el_ms(r: Any) -> float | None:
     """Time to the last token, when any arrived."""
     ts = _get(r, "token_s")
