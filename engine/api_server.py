@@ -28,6 +28,7 @@ from engine.api_responses import (
     chat_chunk,
     completion_chunk,
     dumps,
+    front_end_ms,
     full_response,
     now_s,
     sse_event,
@@ -125,9 +126,10 @@ def _vocab_size(engine: Any) -> int | None:
 
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
+    received = time.monotonic()
     engine = request.app[ENGINE_KEY]
     req = parse_completion_request(await _json_body(request), _served_models(engine), _vocab_size(engine))
-    return await _generate(request, req, req.prompt, "cmpl-")
+    return await _generate(request, req, req.prompt, "cmpl-", received)
 
 
 def _special_token_text(tok: Any, token_id: int | None) -> str:
@@ -174,13 +176,14 @@ def _chat_prompt(engine: Any, req: GenerationRequest) -> list[int]:
 
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
+    received = time.monotonic()
     engine = request.app[ENGINE_KEY]
     req = parse_chat_request(await _json_body(request), _served_models(engine), _vocab_size(engine))
-    return await _generate(request, req, _chat_prompt(engine, req), "chatcmpl-")
+    return await _generate(request, req, _chat_prompt(engine, req), "chatcmpl-", received)
 
 
 async def _generate(
-    request: web.Request, req: GenerationRequest, prompt: str | list[int], id_prefix: str
+    request: web.Request, req: GenerationRequest, prompt: str | list[int], id_prefix: str, received: float
 ) -> web.StreamResponse:
     app = request.app
     engine = app[ENGINE_KEY]
@@ -203,17 +206,19 @@ async def _generate(
         # The answer's status waits for the engine's first output: a request shed from the queue before it
         # started (SLO-aware admission, engine/admission.py) is still a plain 429, streamed or not.
         first = await stream.next_batch()
+        clock = (received, time.monotonic())  # for the front end's share of the TTFT
         shed = shed_error(first[-1], req.tier, app[ENGINE_KEY].config)
         if shed is not None:
             raise shed
         if req.stream:
-            return await _stream_response(request, req, stream, first)
-        return await _full_response(req, stream, first)
+            return await _stream_response(request, req, stream, first, clock)
+        return await _full_response(req, stream, first, clock)
     finally:
         eloop.release(rid)
 
 
-async def _full_response(req: GenerationRequest, stream: RequestStream, first: list[Any]) -> web.Response:
+async def _full_response(req: GenerationRequest, stream: RequestStream, first: list[Any],
+                         clock: tuple[float, float]) -> web.Response:
     last = first[-1]
     while not last.finished:
         last = (await stream.next_batch())[-1]
@@ -226,13 +231,13 @@ async def _full_response(req: GenerationRequest, stream: RequestStream, first: l
         stream.tier,
         [(c.index, c.text, c.finish_reason) for c in sorted(last.outputs, key=lambda c: c.index)],
         usage(len(last.prompt_token_ids), completion_tokens, last.num_cached_tokens),
-        timing_dict(last.timing, stream.tier),
+        timing_dict(last.timing, stream.tier, front_end_ms(*clock, last.timing)),
     )
     return web.Response(text=dumps(body), content_type="application/json")
 
 
 async def _stream_response(
-    request: web.Request, req: GenerationRequest, stream: RequestStream, first: list[Any]
+    request: web.Request, req: GenerationRequest, stream: RequestStream, first: list[Any], clock: tuple[float, float]
 ) -> web.StreamResponse:
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
     await resp.prepare(request)
@@ -281,7 +286,7 @@ async def _stream_response(
                                 created,
                                 model,
                                 usage(len(last.prompt_token_ids), completion_tokens, last.num_cached_tokens),
-                                timing_dict(last.timing, stream.tier),
+                                timing_dict(last.timing, stream.tier, front_end_ms(*clock, last.timing)),
                             )
                         )
                     )

@@ -11,12 +11,14 @@ from typing import Any
 from aiohttp import web
 
 from engine.api_server import ENGINE_LOOP_KEY, METRICS_KEY, build_app
-from engine.engine_loop import EngineLoop
+from engine.engine_loop import StreamRouter
 from engine.metrics import ServerMetrics
 
 
 class BackgroundServer:
     """The server on a thread of its own with its own event loop: for tests, benchmarks and tools.
+
+    `engine` is an `Engine` (run on a thread of this process) or an `EngineCoreClient` (its own process).
 
     with BackgroundServer(engine) as srv:
         openai.OpenAI(base_url=srv.url + "/v1", api_key="x") ...
@@ -39,7 +41,7 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}"
 
     @property
-    def engine_loop(self) -> EngineLoop:
+    def engine_loop(self) -> StreamRouter:
         return self.app[ENGINE_LOOP_KEY]
 
     @property

@@ -124,7 +124,7 @@ def test_openai_client_streams_completions_and_chat(srv):
 
     r = c.completions.create(model="tiny", prompt="abc", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 4 and r.usage.prompt_tokens == 4 and r.choices[0].finish_reason == "length"
-    assert set(r.model_extra["timing"]) == {"queue_ms", "prefill_ms", "decode_ms", "tier"}
+    assert set(r.model_extra["timing"]) == {"queue_ms", "prefill_ms", "decode_ms", "tier", "front_end_ms"}
     r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens <= 3
     assert [m.id for m in c.models.list().data] == ["tiny"]
@@ -202,6 +202,9 @@ def test_200_concurrent_streams_complete_and_free_kv(srv):
     results = asyncio.run(run())
     assert all(r["status"] == 200 and r["done"] for r in results)
     assert [r["usage"]["completion_tokens"] for r in results] == [4 + i % 5 for i in range(200)]
+    # the server's own share of each TTFT: within the client's view of it (one machine, one monotonic clock)
+    assert all(0 <= r["timing"]["front_end_ms"] <= r["ttft"] * 1e3 + 1 for r in results if r["ttft"] is not None)
+    assert sum(r["ttft"] is not None for r in results) >= 150
     assert_clean(srv)
 
 

@@ -72,6 +72,12 @@ def test_vllm_per_request_metrics_map_onto_queue_prefill_decode():
     engine, _ = _feed([_chat({"content": "a"}, finish="stop",
                              timing={"queue_ms": 1, "prefill_ms": 2, "decode_ms": 3, "tier": "standard"}), "[DONE]"])
     assert latency.breakdown([engine])["source_detail"] == "slobench engine timing object"
+    assert "p50_front_end_ms" not in latency.breakdown([engine])  # not reported: not invented
+    front, _ = _feed([_chat({"content": "a"}, finish="stop", timing={"queue_ms": 1, "prefill_ms": 2, "decode_ms": 3,
+                                                                      "front_end_ms": 4.5}), "[DONE]"])
+    assert front.server["front_end_ms"] == 4.5
+    bd = latency.breakdown([front])
+    assert bd["p50_front_end_ms"] == 4.5 and bd["mean_front_end_ms"] == 4.5
 
 
 def test_responses_api_events():

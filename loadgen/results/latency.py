@@ -278,6 +278,11 @@ def breakdown(records: Sequence[Any], histogram_means: Mapping[str, Any] | None 
             out[f"mean_{part}_ms"] = float(np.mean(vals)) if vals else None
             out[f"p50_{part}_ms"] = percentile(vals, 50)
             out[f"p99_{part}_ms"] = percentile(vals, 99)
+        # the server front end's own share of network (the reference engine reports it), where given
+        front = [float(_get(r, "server")["front_end_ms"]) for r in timed if "front_end_ms" in _get(r, "server")]
+        if front:
+            out.update(mean_front_end_ms=float(np.mean(front)), p50_front_end_ms=percentile(front, 50),
+                       p99_front_end_ms=percentile(front, 99))
     elif histogram_means and any(histogram_means.get(k) is not None for k in ("queue_ms", "prefill_ms", "decode_ms")):
         q, p = histogram_means.get("queue_ms"), histogram_means.get("prefill_ms")
         mean_ttft = float(np.mean(ttfts)) if ttfts else None

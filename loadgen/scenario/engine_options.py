@@ -43,6 +43,7 @@ ENGINE_OPTIONS: dict[str, tuple[tuple, tuple | None]] = {
     "drain_timeout": ((float,), None),
     "log_level": ((str,), ("debug", "info", "warning", "error")),
     "switch_interval_ms": ((float,), None),
+    "engine_core": ((str,), ("process", "thread")),
 }
 
 
