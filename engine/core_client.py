@@ -67,6 +67,16 @@ class OutputAssembler:
         return RequestOutput(d.request_id, d.tier, prompt, outputs, d.finished, d.timing, d.num_cached_tokens)
 
 
+def _settle(fut: concurrent.futures.Future, result: Any = None, exception: BaseException | None = None) -> None:
+    """Resolve a caller's future unless the caller gave up on it: an HTTP handler cancelled by its client's
+    disconnect cancels the future it awaited (asyncio.wrap_future), and a late reply is then nobody's."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if exception is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(exception)
+
+
 class EngineCoreClient:
     """An engine in a child process, seen from the front end."""
 
@@ -124,30 +134,35 @@ class EngineCoreClient:
                     msg = self._from_core.recv()
                 except (EOFError, OSError):
                     return
-                kind = msg[0]
-                if kind == "out":
-                    self.on_outputs([self._assembler.build(d) for d in msg[1]])
-                elif kind == "reply":
-                    _, call_id, ok, value = msg
-                    with self._lock:
-                        fut = self._pending.pop(call_id, None)
-                    if fut is not None:
-                        if ok:
-                            fut.set_result(value)
-                        else:
-                            fut.set_exception(api_error_from_fields(value))
-                elif kind == "stats":
-                    self.on_stats(msg[1])
-                elif kind == "failed":
-                    self.failures += 1
-                    self.on_failure(msg[1])
+                try:
+                    self._dispatch(msg)
+                except Exception:  # one message gone wrong must not take every later reply with it
+                    logger.exception("engine core message %r failed", msg[0])
         finally:
             self._exited.set()
             with self._lock:
                 pending, self._pending = list(self._pending.values()), {}
             for fut in pending:
-                fut.set_exception(APIError(503, CORE_EXITED, code="engine_dead"))
+                _settle(fut, exception=APIError(503, CORE_EXITED, code="engine_dead"))
             self.on_failure(CORE_EXITED)
+
+    def _dispatch(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "out":
+            self.on_outputs([self._assembler.build(d) for d in msg[1]])
+        elif kind == "reply":
+            _, call_id, ok, value = msg
+            with self._lock:
+                fut = self._pending.pop(call_id, None)
+            if fut is not None and ok:
+                _settle(fut, result=value)
+            elif fut is not None:
+                _settle(fut, exception=api_error_from_fields(value))
+        elif kind == "stats":
+            self.on_stats(msg[1])
+        elif kind == "failed":
+            self.failures += 1
+            self.on_failure(msg[1])
 
     # ---- to the core ------------------------------------------------------------------------------
     @property
@@ -241,7 +256,11 @@ class ProcessEngineLoop(StreamRouter):
         return self.engine.failures
 
     async def _add(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> None:
-        await asyncio.wrap_future(self.engine.add_request(prompt, params, tier, request_id))
+        try:
+            await asyncio.wrap_future(self.engine.add_request(prompt, params, tier, request_id))
+        except asyncio.CancelledError:  # the client left while the core was answering: it may have said yes
+            self.engine.abort(request_id)
+            raise
 
     def _abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

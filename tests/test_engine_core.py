@@ -5,6 +5,8 @@ outputs crossing as deltas, refusals crossing the pipe, the core dying, and both
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
@@ -133,3 +136,35 @@ def test_sigterm_stops_front_end_and_core():
             proc.kill()
         log = proc.stdout.read().decode()
     assert "Traceback" not in log, log
+
+
+def test_a_reply_for_a_caller_that_gave_up_does_not_stop_the_reader():
+    """A client that disconnects while its admission answer is on the way cancels the future its handler
+    awaited; the late reply must neither raise in the reader thread nor leave the request running."""
+    engine = EngineCoreClient(EngineConfig(model="tiny", admission="queue-length"))
+    try:
+        gone = engine.request("call", "has_unfinished_requests")
+        gone.cancel()
+        time.sleep(0.5)  # the reply arrives for a cancelled future
+        assert engine.alive and engine._reader.is_alive()
+        assert engine.has_unfinished_requests() is False  # later replies still reach their callers
+
+        with BackgroundServer(engine) as server:
+            async def storm():
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+                    async def drop(i: int) -> None:  # gone before, during or after the admission answer
+                        body = {"prompt": f"p{i}", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+                        with contextlib.suppress(asyncio.TimeoutError, aiohttp.ClientError):
+                            await s.post(server.url + "/v1/completions", json=body,
+                                         timeout=aiohttp.ClientTimeout(total=0.001 * (i % 20)))
+                    await asyncio.gather(*(drop(i) for i in range(100)))
+
+            asyncio.run(storm())
+            assert engine._reader.is_alive()
+            status, raw = post_json(server.url + "/v1/completions", {"prompt": "after", "max_tokens": 3})
+            assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 3
+            server.wait_idle(60)  # every dropped request was aborted, none runs on for its 2000 tokens
+            stats = server.call(server.engine.stats)
+            assert stats.kv_usage == 0 and stats.num_running == 0
+    finally:
+        engine.close()
