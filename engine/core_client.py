@@ -238,11 +238,7 @@ class ProcessEngineLoop(StreamRouter):
         self.engine = client
         client.on_outputs = self._on_outputs
         client.on_stats = metrics.update_stats
-        client.on_failure = lambda message: self._post(self._fail_all, message)
-
-    def _on_outputs(self, outs: list[RequestOutput]) -> None:  # reader thread
-        self.metrics.record_outputs(outs)
-        self._post(self._deliver, outs)
+        client.on_failure = self._on_failure
 
     def start(self) -> None:
         """The core runs from the client's start; nothing more to start."""

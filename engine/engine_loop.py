@@ -184,6 +184,13 @@ class StreamRouter:
         if self.streams.pop(request_id, None) is not None:
             self._abort(request_id)
 
+    def _on_outputs(self, outs: list[Any]) -> None:  # the thread that receives the engine's outputs
+        self.metrics.record_outputs(outs)
+        self._post(self._deliver, outs)
+
+    def _on_failure(self, message: str) -> None:  # the same thread: the engine lost its requests in flight
+        self._post(self._fail_all, message)
+
     def _post(self, fn: Callable, *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
             self.loop.call_soon_threadsafe(fn, *args)
@@ -219,13 +226,6 @@ class EngineLoop(StreamRouter):
         super().__init__(metrics, loop)
         self.engine = engine
         self.thread = EngineThread(engine, self._on_outputs, self._on_failure, metrics.update_stats)
-
-    def _on_outputs(self, outs: list[Any]) -> None:  # engine thread
-        self.metrics.record_outputs(outs)
-        self._post(self._deliver, outs)
-
-    def _on_failure(self, message: str) -> None:  # engine thread
-        self._post(self._fail_all, message)
 
     def start(self) -> None:
         self.thread.start()

@@ -149,7 +149,7 @@ class Scheduler:
         them off the list."""
         while behind and (above is None or rank(behind[0]) < rank(above)):
             request = behind.pop(0)
-            if request.request_id not in out.preempted and request in self.running:  # admission may push out
+            if request.request_id not in out.preempted:  # admission may have pushed it out for room
                 budget = self._schedule_request(request, budget, out)
         return budget
 

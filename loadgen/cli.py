@@ -28,9 +28,8 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
+from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError, engine_opt
 from loadgen.results.latency import LATENESS_BOUND_MS
 
 __all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -52,15 +51,6 @@ def _tier_mix(text: str) -> dict[str, float]:
     if not out:
         raise argparse.ArgumentTypeError("empty tier mix")
     return out
-
-
-def _engine_opt(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"engine option {text!r}: expected KEY=VALUE")
-    import yaml
-
-    return key.replace("-", "_"), yaml.safe_load(value)
 
 
 def _output_args(p: argparse.ArgumentParser) -> None:
@@ -99,7 +89,7 @@ def _common_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-connections", type=int, help="cap on open connections (default: unlimited)")
     p.add_argument("--lateness-bound-ms", type=float,
                    help="p99 client lateness above which the run is invalid")
-    p.add_argument("--engine-opt", action="append", type=_engine_opt, default=[], metavar="KEY=VALUE",
+    p.add_argument("--engine-opt", action="append", type=engine_opt, default=[], metavar="KEY=VALUE",
                    help="option for the embedded engine server (repeatable), e.g. max_num_seqs=8")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     p.add_argument("--no-scrape", action="store_true", help="do not poll the target's /metrics")
@@ -166,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario value by its dotted path (repeatable), e.g. search.start=4")
-    p.add_argument("--engine-opt", action="append", type=_engine_opt, default=[], metavar="KEY=VALUE",
+    p.add_argument("--engine-opt", action="append", type=engine_opt, default=[], metavar="KEY=VALUE",
                    help="option for the embedded engine server (repeatable), e.g. max_num_seqs=8")
     p.add_argument("--no-progress", action="store_true", help="no live display")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")

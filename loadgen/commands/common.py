@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from loadgen.results.rundir import run_folder
 
@@ -14,6 +15,16 @@ DEFAULT_REPORTS = "reports"
 
 class UsageError(Exception):
     """Bad input on the command line or in a file it names: one-line message, exit 2."""
+
+
+def engine_opt(text: str) -> tuple[str, Any]:
+    """An ``--engine-opt KEY=VALUE`` flag: the key as an EngineConfig field name, the value read as YAML."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"engine option {text!r}: expected KEY=VALUE")
+    import yaml
+
+    return key.replace("-", "_"), yaml.safe_load(value)
 
 
 def run_dir_from(args: argparse.Namespace, name: str) -> Path:

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from loadgen.commands.common import EXIT_FAIL, EXIT_OK, UsageError
+from loadgen.commands.common import EXIT_FAIL, EXIT_OK, UsageError, engine_opt
 
 DEFAULT_PROBE = "1,8,32"
 
@@ -33,15 +33,6 @@ def _ints(text: str) -> tuple[int, ...]:
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError(f"expected integers >= 1, found {text!r}")
     return out
-
-
-def _engine_opt(text: str) -> tuple[str, Any]:
-    import yaml
-
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"engine option {text!r}: expected KEY=VALUE")
-    return key.replace("-", "_"), yaml.safe_load(value)
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -70,7 +61,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--capacity-run", type=Path, metavar="RUN_DIR",
                    help="a slobench capacity run folder to compare the prediction with")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario value")
-    p.add_argument("--engine-opt", action="append", type=_engine_opt, metavar="KEY=VALUE",
+    p.add_argument("--engine-opt", action="append", type=engine_opt, metavar="KEY=VALUE",
                    help="an engine option over the scenario's engine section (repeatable)")
     p.add_argument("--requests", type=int, default=6000, help="simulated requests per draw (default 6000)")
     p.add_argument("--draws", type=int, default=2, help="simulated arrival draws (default 2)")
