@@ -98,12 +98,14 @@ def rate_it(url: str, out: Path) -> float:
 
 def ttft_parts(ok: list[dict]) -> dict:
     """p50 / p90 / p99 of each part of the accepted requests' TTFT: the engine's queue and prefill (its own
-    timing), and the rest (front end, pipes, loopback, client; with the presets' byte tokenizer also the
-    steps until the first token's text is whole: an incomplete UTF-8 sequence is held back)."""
-    rows = [(x["server"]["queue_ms"], x["server"]["prefill_ms"], latency.ttft_ms(x)) for x in ok
-            if x.get("server") and x["server"].get("queue_ms") is not None]
-    parts = {"queue": [q for q, _, _ in rows], "prefill": [p for _, p, _ in rows],
-             "outside_engine": [t - q - p for q, p, t in rows]}
+    timing), the steps its first text was held back after the first token (`held_ms`: the presets' byte
+    tokenizer holds an incomplete UTF-8 character), the front end's own share (`front_end_ms`), and the rest
+    outside the engine (front end, pipes, loopback, client)."""
+    rows = [(s["queue_ms"], s["prefill_ms"], s.get("held_ms", 0.0), s.get("front_end_ms"), latency.ttft_ms(x))
+            for x in ok if (s := x.get("server")) and s.get("queue_ms") is not None]
+    parts = {"queue": [r[0] for r in rows], "prefill": [r[1] for r in rows], "held": [r[2] for r in rows],
+             "front_end": [r[3] for r in rows if r[3] is not None],
+             "outside_engine": [t - q - p - h for q, p, h, _, t in rows]}
     return {name: {f"p{k}": latency.percentile(v, k) for k in (50, 90, 99)} for name, v in parts.items()}
 
 

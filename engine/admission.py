@@ -22,7 +22,15 @@ they keep arriving and are served first, so only what they leave serves T's queu
 infinite wait: T is refused while they saturate the engine; a rate with no sample yet gives 0).
     TTFT estimate = wait(T) + s * (1 + its own prefill steps)        (the step under way, then its chunks)
 
-With `admission="slo"`, a request that would queue (wait > 0) and whose estimate exceeds
+The estimate is a typical wait, but a promise is a tail (p99): requests also queue behind bursts, a long
+prompt's chunks, a first character held back over several steps (a byte-level model). So each tier's estimate
+is scaled by a tail factor k learned from what the accepted requests got: every request's own TTFT in the
+engine (arrival -> its first text) that passes the target, and every request shed, raises k by
+exp(TAIL_STEP * 0.99); every one within it lowers k by exp(TAIL_STEP * 0.01). That is a stochastic
+approximation of a quantile (Robbins-Monro): k settles where 1 % of the accepted requests miss the target,
+tightening admission while the tail misses and loosening it again when the engine keeps up.
+
+With `admission="slo"`, a request that would queue (wait > 0) and whose estimate (times k) exceeds
 `admission_target_frac` (0.8) of its tier's promise (`tier_ttft_slo_ms`: premium 300 ms, standard 800 ms by
 default; the rest of the promise is for what the engine does not see: HTTP, the network, the client) is
 refused at once, HTTP 429 with Retry-After = ceil(estimate - target) s (1 to 60), instead of queueing for
@@ -49,6 +57,9 @@ PREFILL_WINDOW_S = 0.1  # step time a prefill-rate sample spans
 STEP_ALPHA = 0.1  # EWMA weight of one step's time
 RETRY_AFTER_MAX_S = 60
 ARRIVAL_ALPHA = 0.05  # EWMA weight of one admitted request's gap and prompt length
+TAIL_QUANTILE = 0.99  # the share of accepted requests whose TTFT in the engine should keep within the target
+TAIL_STEP = 0.05  # how far one request's outcome moves the tail factor (on a log scale)
+TAIL_FACTOR_BOUNDS = (0.5, 20.0)  # the tail factor's range: at most twice as lenient, twenty times as strict
 
 
 @dataclass
@@ -85,6 +96,7 @@ class AdmissionEstimator:
         self._last_admit: dict[str, float] = {}
         self.admit_gap_s: dict[str, float] = {}  # EWMA of the gap between admitted requests
         self.mean_prompt: dict[str, float] = {}
+        self.tail_factor: dict[str, float] = dict.fromkeys(self.slo_s, 1.0)
 
     # ---- measurements ---------------------------------------------------------------------------
     def on_admitted(self, tier: str, prompt_tokens: int) -> None:
@@ -103,6 +115,16 @@ class AdmissionEstimator:
             return 0.0
         idle = self._clock() - last
         return 1.0 / max(gap, idle)  # a tier that stopped sending stops counting
+
+    def on_outcome(self, tier: str, ttft_s: float | None) -> None:
+        """An accepted request of `tier` showed its first text `ttft_s` after its arrival (None: it was shed):
+        the tail factor learns from it."""
+        slo = self.slo_s.get(tier)
+        if self.mode != "slo" or slo is None:
+            return
+        miss = ttft_s is None or ttft_s > self.target_frac * slo
+        k = self.tail_factor[tier] * math.exp(TAIL_STEP * (float(miss) - (1.0 - TAIL_QUANTILE)))
+        self.tail_factor[tier] = min(max(k, TAIL_FACTOR_BOUNDS[0]), TAIL_FACTOR_BOUNDS[1])
 
     def on_finished(self, residence_s: float) -> None:
         self.mean_residence_s = ewma(self.mean_residence_s, max(residence_s, 1e-6), RESIDENCE_ALPHA)
@@ -169,6 +191,7 @@ class AdmissionEstimator:
         if self.mode != "slo" or slo is None:
             return
         wait, ttft = self.ttft_s(tier, prompt_tokens, snap)
+        ttft *= self.tail_factor[tier]
         target = self.target_frac * slo
         if wait > 0 and ttft > target:
             retry = RETRY_AFTER_MAX_S if not math.isfinite(ttft) else \

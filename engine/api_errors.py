@@ -97,7 +97,7 @@ def shed_error(out: Any, tier: str, config: Any) -> APIError | None:
     kept = f"its {promise:.0f} ms promise" if promise else "its promise"
     return APIError(
         429,
-        f"the {tier} tier's queue held this request{waited} without starting it, too long to keep {kept}; "
+        f"the {tier} tier's queue held this request{waited} before it could answer, too long to keep {kept}; "
         f"retry in {RETRY_AFTER_S} s",
         param="service_tier",
         code="slo_unattainable",

@@ -41,17 +41,20 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 
 def front_end_ms(received: float, first_out: float, timing: Any) -> float | None:
     """This process's share of the TTFT: reading, parsing, templating and tokenizing the request until the
-    engine took it, and the engine's first token until its handler had it (output processing, the pipe in
+    engine took it, and the engine's first text until its handler had it (output processing, the pipe in
     the two-process server, the event loop); one monotonic clock for both processes."""
     if timing is None or timing.first_token_time is None:
         return None
-    return ((timing.arrival_time - received) + (first_out - timing.first_token_time)) * 1e3
+    first_text = timing.first_text_time or timing.first_token_time
+    return ((timing.arrival_time - received) + (first_out - first_text)) * 1e3
 
 
 def timing_dict(timing: Any, tier: str, front_ms: float | None = None) -> dict[str, Any] | None:
     """The `timing` object of a response: the engine's queue / prefill / decode and, when the front end
     measured it, its own share of the TTFT (`front_end_ms`: request read -> engine arrival, plus the
-    engine's first token -> its first output in the handler)."""
+    engine's first text -> its first output in the handler). `held_ms`: the engine's first token -> its first
+    text, the steps an incomplete character was held back (a byte-level model), which sit between the
+    engine's prefill and the client's first token."""
     if timing is None:
         return None
     out = {
@@ -59,6 +62,7 @@ def timing_dict(timing: Any, tier: str, front_ms: float | None = None) -> dict[s
         "prefill_ms": round(timing.prefill_ms, 3),
         "decode_ms": round(timing.decode_ms, 3),
         "tier": getattr(timing, "tier", None) or tier,
+        "held_ms": round(getattr(timing, "held_ms", 0.0), 3),
     }
     if front_ms is not None:
         out["front_end_ms"] = round(front_ms, 3)

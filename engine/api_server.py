@@ -203,9 +203,12 @@ async def _generate(
     rid = id_prefix + uuid.uuid4().hex
     stream = await eloop.submit(prompt, params, req.tier, rid)
     try:
-        # The answer's status waits for the engine's first output: a request shed from the queue before it
-        # started (SLO-aware admission, engine/admission.py) is still a plain 429, streamed or not.
+        # The answer's status waits for the engine's first visible output (text, or the finish): a request shed
+        # before it showed anything (SLO-aware admission, engine/admission.py) is still a plain 429, streamed
+        # or not. Outputs without text (an incomplete character held back) are kept for the stream.
         first = await stream.next_batch()
+        while not any(map(_visible, first)):
+            first += await stream.next_batch()
         clock = (received, time.monotonic())  # for the front end's share of the TTFT
         shed = shed_error(first[-1], req.tier, app[ENGINE_KEY].config)
         if shed is not None:
@@ -215,6 +218,10 @@ async def _generate(
         return await _full_response(req, stream, first, clock)
     finally:
         eloop.release(rid)
+
+
+def _visible(out: Any) -> bool:
+    return out.finished or any(c.new_text for c in out.outputs)
 
 
 async def _full_response(req: GenerationRequest, stream: RequestStream, first: list[Any],

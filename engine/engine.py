@@ -231,19 +231,26 @@ class Engine:
         (engine/admission.py); the server answers it 429."""
         if self.config.admission != "slo":
             return
-        for tier, queue in self.scheduler.queues.waiting.items():
+        queues = self.scheduler.queues
+        for tier in TIERS:
             late = []
-            for request in queue:  # in arrival order within the tier: stop at the first that still has time
-                deadline = self.admission.shed_deadline_s(tier, len(request.prompt_ids))
-                if deadline is None or now - request.arrival_time <= deadline:
-                    break
-                if request.first_scheduled_time is None and request.sheddable:  # one that started keeps its place
-                    late.append(request)
+            # waiting and swapped, each in arrival order within the tier: stop at the first that still has time
+            for queue in (queues.waiting[tier], queues.swapped[tier]):
+                for request in queue:
+                    deadline = self.admission.shed_deadline_s(tier, len(request.prompt_ids))
+                    if deadline is None or now - request.arrival_time <= deadline:
+                        break
+                    # One the client has seen output of keeps its place: its answer is under way. One preempted
+                    # before its first text (a byte-level model holds back an incomplete character) has shown
+                    # nothing yet, and would otherwise wait out the tiers above it with its first token unsent.
+                    if request.first_text_time is None and request.sheddable:
+                        late.append(request)
             for request in late:
                 for seq in request.seqs:
                     seq.status, seq.finish_reason = SeqStatus.FINISHED, "shed"
                 self.num_shed[tier] += 1
                 self.admission_rejections[tier] += 1  # a 429 like the others, only later
+                self.admission.on_outcome(tier, None)  # admitted and then past hope: admission was too lenient
                 self._finish_request(request, outputs, now)
 
     def _start(self, request: Request) -> None:
@@ -329,10 +336,19 @@ class Engine:
             if request.is_finished:
                 self._finish_request(request, outputs, now)
             else:
-                outputs[request.request_id] = build_output(request, finished=False)
+                out = outputs[request.request_id] = build_output(request, finished=False)
+                if request.first_text_time is None and any(c.new_text for c in out.outputs):
+                    self._first_text(request, now)
+
+    def _first_text(self, request: Request, now: float) -> None:
+        request.first_text_time = now
+        if request.sheddable:  # under SLO admission: the tail factor learns what it got
+            self.admission.on_outcome(request.tier, now - request.arrival_time)
 
     def _finish_request(self, request: Request, outputs: dict[str, RequestOutput], now: float) -> None:
         request.finished_time = now
+        if request.first_text_time is None and all(s.finish_reason not in ("shed", "abort") for s in request.seqs):
+            self._first_text(request, now)
         if request.first_scheduled_time is not None and all(s.finish_reason != "abort" for s in request.seqs):
             self.admission.on_finished(now - request.first_scheduled_time)
         self.scheduler.remove(request)

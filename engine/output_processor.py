@@ -78,7 +78,8 @@ class OutputProcessor:
         ids = seq.output_ids
         before = self.tokenizer.decode(ids[seq.prefix_offset : seq.read_offset])
         after = self.tokenizer.decode(ids[seq.prefix_offset :])
-        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+        if len(after) <= len(before) or (not final and after.endswith("\ufffd")
+                                         and self.tokenizer.ends_mid_character(ids)):
             return ""
         seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
         return after[len(before) :]

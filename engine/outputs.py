@@ -18,6 +18,14 @@ class Timing:
     first_token_time: float | None
     finished_time: float
     token_times: list[float] = field(default_factory=list)
+    first_text_time: float | None = None  # the first output a client sees: text, or the finish
+
+    @property
+    def held_ms(self) -> float:
+        """First token -> first text: the steps an incomplete character was held back (0 for most requests)."""
+        if self.first_token_time is None or self.first_text_time is None:
+            return 0.0
+        return max(0.0, self.first_text_time - self.first_token_time) * 1e3
 
     def as_dict(self) -> dict:
         return {"queue_ms": round(self.queue_ms, 3), "prefill_ms": round(self.prefill_ms, 3),

@@ -78,6 +78,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    first_text_time: float | None = None  # its first output a client can see: text, or the finish
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # arrival of each step's tokens
     sheddable: bool = True  # SLO-aware admission may shed it while queued (not offline work: generate())

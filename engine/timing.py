@@ -39,6 +39,7 @@ def request_timing(request: Request) -> Timing:
         first_token_time=request.first_token_time,
         finished_time=end,
         token_times=list(request.token_times),
+        first_text_time=request.first_text_time,
     )
 
 

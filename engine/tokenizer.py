@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -19,6 +20,10 @@ class Tokenizer(Protocol):
         ...
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+    def ends_mid_character(self, ids: list[int]) -> bool:
+        """Whether the ids end inside a character that later ids may still complete (its text is held back)."""
+        ...
 
 
 # A plain-text chat format: the byte tokenizer has no special tokens worth putting in a prompt.
@@ -56,6 +61,19 @@ class ByteTokenizer:
             out.append(self.SPECIALS[i - 256])
         out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
+
+    def ends_mid_character(self, ids: list[int]) -> bool:
+        """True only when the trailing bytes are the valid start of a character still missing bytes. An invalid
+        byte is rendered U+FFFD for good whatever follows, so holding it back would only delay the text (a
+        random-weight model emits such bytes often, and each hold would add a step to its first token)."""
+        tail = bytearray()
+        for i in reversed(ids[-4:]):  # a UTF-8 character is at most 4 bytes
+            if i >= 256:
+                break
+            tail.insert(0, i)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoder.decode(bytes(tail), final=False)
+        return bool(decoder.getstate()[0])
 
 
 class HFTokenizer:
@@ -110,6 +128,11 @@ class HFTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def ends_mid_character(self, ids: list[int]) -> bool:
+        # Byte-level BPE renders a partial character as U+FFFD and tokenizers cannot tell it from an invalid
+        # one: hold it back, as vLLM's detokenizer does.
+        return self.decode(ids[-8:]).endswith("\ufffd")
 
 
 def _read_json(path: Path) -> dict:

@@ -124,7 +124,7 @@ def test_openai_client_streams_completions_and_chat(srv):
 
     r = c.completions.create(model="tiny", prompt="abc", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 4 and r.usage.prompt_tokens == 4 and r.choices[0].finish_reason == "length"
-    assert set(r.model_extra["timing"]) == {"queue_ms", "prefill_ms", "decode_ms", "tier", "front_end_ms"}
+    assert set(r.model_extra["timing"]) == {"queue_ms", "prefill_ms", "decode_ms", "tier", "front_end_ms", "held_ms"}
     r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens <= 3
     assert [m.id for m in c.models.list().data] == ["tiny"]

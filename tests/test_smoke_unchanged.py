@@ -23,6 +23,7 @@ ADDED_PREFIXES = ("prompt_length.", "scrape.", "target_probe.", "request_fit.", 
 ADDED |= {"breakdown.source_detail", "prefix_cache", "cancellations", "conversations"}  # server semantics
 ADDED_METRICS = ("ttfot", "chunk_gap")  # TTFOT and chunk gaps, overall and per tier (server semantics)
 ADDED |= {f"breakdown.{s}_front_end_ms" for s in ("mean", "p50", "p99")}  # the front end's share (engine speed)
+ADDED |= {f"breakdown.{s}_held_ms" for s in ("mean", "p50", "p99")}  # first token -> first text (overload)
 ADDED_RECORD_FIELDS = {"prompt_tokens_intended", "first_output_s", "reasoning_tokens", "chunk_tokens",
                        "cached_tokens", "conversation", "turn", "cancel_reason"}
 TIME = {"scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "server", "first_output_s"}
@@ -54,7 +55,7 @@ def test_fixed_seed_smoke_run_gives_the_same_summary_keys_and_records(tmp_path):
     # together), so token_s is left out with the other times; output_tokens (usage) is compared
     assert all(rec["prompt_tokens_intended"] == rec["prompt_tokens"] for rec in recs)  # token ids: exact
     now = sorted(({k: v for k, v in rec.items() if k not in TIME | ADDED_RECORD_FIELDS}
-                  # source: server semantics; front_end_ms: engine speed
-                  | {"server_keys": sorted(set(rec["server"] or {}) - {"source", "front_end_ms"})}
+                  # source: server semantics; front_end_ms: engine speed; held_ms: overload
+                  | {"server_keys": sorted(set(rec["server"] or {}) - {"source", "front_end_ms", "held_ms"})}
                   for rec in recs), key=lambda x: x["id"])
     assert now == BEFORE["records"]

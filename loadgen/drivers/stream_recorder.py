@@ -15,7 +15,8 @@ from typing import Any
 from loadgen.results.records import RequestRecord
 from loadgen.target.sse import RESPONSES_END, SSEParser, StreamError, chunk_parts, chunk_usage, decode_chunk
 
-SERVER_KEYS = ("queue_ms", "prefill_ms", "decode_ms", "front_end_ms")  # front_end_ms: the reference engine's
+# front_end_ms and held_ms: the reference engine's (its front end's share; first token -> first text)
+SERVER_KEYS = ("queue_ms", "prefill_ms", "decode_ms", "front_end_ms", "held_ms")
 # vLLM's per-request `metrics` object (--enable-per-request-metrics), field by field, as its
 # build_per_request_timing_metrics computes them from the engine's RequestStateStats:
 #   queue_time_ms          = scheduled_ts − queued_ts          (waiting in the scheduler's queue)

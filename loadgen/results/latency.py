@@ -253,7 +253,8 @@ def breakdown(records: Sequence[Any], histogram_means: Mapping[str, Any] | None 
     """The queue / prefill / network / decode split of the successful requests, in ms.
 
     From per-request server timing (``server`` = ``{queue_ms, prefill_ms, decode_ms, source}``) when the
-    target sends it: means, medians and p99s, with network = TTFT − queue − prefill per request. Otherwise
+    target sends it: means, medians and p99s, with network = TTFT − queue − prefill − held per request (held:
+    the reference engine's first token → first text, an incomplete character held back; 0 elsewhere). Otherwise
     from ``histogram_means`` (the target's histogram deltas over the run, ``{queue_ms, prefill_ms,
     decode_ms, requests}``, and ``source``, e.g. "sglang histograms", when the caller knows it): means
     only, network = mean TTFT − mean queue − mean prefill. ``source`` says which ("server timing" | the
@@ -268,7 +269,9 @@ def breakdown(records: Sequence[Any], histogram_means: Mapping[str, Any] | None 
         parts = {
             "queue": [float(_get(r, "server")["queue_ms"]) for r in timed],
             "prefill": [float(_get(r, "server")["prefill_ms"]) for r in timed],
-            "network": [ttft_ms(r) - _get(r, "server")["queue_ms"] - _get(r, "server")["prefill_ms"] for r in timed],
+            # held_ms (the reference engine: its first token's text held back) is the engine's, not the network's
+            "network": [ttft_ms(r) - _get(r, "server")["queue_ms"] - _get(r, "server")["prefill_ms"]
+                        - _get(r, "server").get("held_ms", 0.0) for r in timed],
             "decode": [float(_get(r, "server")["decode_ms"]) for r in timed if "decode_ms" in _get(r, "server")],
         }
         kinds = sorted({str(_get(r, "server").get("source") or "slobench timing") for r in timed})
@@ -279,10 +282,11 @@ def breakdown(records: Sequence[Any], histogram_means: Mapping[str, Any] | None 
             out[f"p50_{part}_ms"] = percentile(vals, 50)
             out[f"p99_{part}_ms"] = percentile(vals, 99)
         # the server front end's own share of network (the reference engine reports it), where given
-        front = [float(_get(r, "server")["front_end_ms"]) for r in timed if "front_end_ms" in _get(r, "server")]
-        if front:
-            out.update(mean_front_end_ms=float(np.mean(front)), p50_front_end_ms=percentile(front, 50),
-                       p99_front_end_ms=percentile(front, 99))
+        for key in ("front_end", "held"):  # the first text held back after the first token, where given
+            vals = [float(_get(r, "server")[f"{key}_ms"]) for r in timed if f"{key}_ms" in _get(r, "server")]
+            if vals:
+                out.update({f"mean_{key}_ms": float(np.mean(vals)), f"p50_{key}_ms": percentile(vals, 50),
+                            f"p99_{key}_ms": percentile(vals, 99)})
     elif histogram_means and any(histogram_means.get(k) is not None for k in ("queue_ms", "prefill_ms", "decode_ms")):
         q, p = histogram_means.get("queue_ms"), histogram_means.get("prefill_ms")
         mean_ttft = float(np.mean(ttfts)) if ttfts else None

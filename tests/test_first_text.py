@@ -1,0 +1,157 @@
+"""The first text a client can see (issue: the engine under memory pressure).
+
+A byte-level model's first token can be the start of a multi-byte character: its text is held back until the
+character is whole, and the client's first token comes steps after the engine's. What is held, what counts as a
+request's first text, that a request preempted before showing anything may still be shed, and how admission's
+tail factor learns from the accepted requests' own TTFT.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.admission import TAIL_FACTOR_BOUNDS, AdmissionEstimator, QueueSnapshot
+from engine.api_responses import front_end_ms, timing_dict
+from engine.errors import SLOUnattainableError
+from engine.output_processor import OutputProcessor
+from engine.outputs import Timing
+from engine.sampling import SamplingParams as Params
+from engine.sequence import Sequence
+from engine.tokenizer import ByteTokenizer
+
+EURO = [0xE2, 0x82, 0xAC]  # "€"
+
+
+def test_only_a_character_that_can_still_complete_is_held_back():
+    tok = ByteTokenizer()
+    assert tok.ends_mid_character([0x41, 0xE2]) and tok.ends_mid_character([0xE2, 0x82])
+    assert not tok.ends_mid_character(EURO)
+    assert not tok.ends_mid_character([0x41, 0x85])  # a stray continuation byte is invalid for good
+    assert not tok.ends_mid_character([0xE2, 0x41])  # a lead byte cut short by ASCII: invalid for good
+    assert not tok.ends_mid_character([0xC0])  # never a valid lead byte
+    assert not tok.ends_mid_character([0xE2, 257])  # a special token ends the byte run
+    assert not tok.ends_mid_character([])
+
+
+def _stream(ids: list[int]) -> list[str]:
+    tok = ByteTokenizer()
+    proc = OutputProcessor(tok, tok.eos_token_ids, 4096)
+    seq = Sequence("r", 0, [65], 1, Params(max_tokens=len(ids), ignore_eos=True), "standard", 0.0)
+    return [seq.text[len(seq.text) - len(piece):] if (piece := _step(proc, seq, t)) else "" for t in ids]
+
+
+def _step(proc: OutputProcessor, seq: Sequence, token: int) -> str:
+    before = len(seq.text)
+    proc.append_token(seq, token)
+    return seq.text[before:]
+
+
+def test_invalid_bytes_show_at_once_and_a_split_character_when_whole():
+    ids = [0x85, 0x41, *EURO, 0xE2, 0x41]
+    pieces = _stream(ids)
+    # the stray byte shows at once as U+FFFD; the euro sign waits for its third byte; a lead byte cut short
+    # shows as U+FFFD with the byte that cut it
+    assert pieces == ["\ufffd", "A", "", "", "€", "", "\ufffdA"]
+    assert "".join(pieces) == ByteTokenizer().decode(ids)
+
+
+def test_first_text_time_and_held_ms_in_the_timing():
+    engine = Engine(EngineConfig(model="tiny"))
+    rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    first_text = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if first_text is None and (out.finished or any(c.new_text for c in out.outputs)):
+                first_text = out
+    t = out.timing
+    assert out.request_id == rid and t.first_text_time is not None
+    assert t.first_token_time <= t.first_text_time <= t.finished_time
+    assert t.held_ms == pytest.approx((t.first_text_time - t.first_token_time) * 1e3)
+    assert timing_dict(t, "standard")["held_ms"] == round(t.held_ms, 3)
+
+
+def test_the_front_end_share_ends_at_the_first_text_not_the_first_token():
+    t = Timing(1.0, 2.0, 3.0, "premium", arrival_time=10.010, first_scheduled_time=10.011,
+               first_token_time=10.100, finished_time=11.0, first_text_time=10.300)
+    assert t.held_ms == pytest.approx(200.0)
+    # read at 10.000, in the engine at 10.010; the first text at 10.300 reached the handler at 10.305
+    assert front_end_ms(10.000, 10.305, t) == pytest.approx(15.0)
+    assert Timing(1.0, 2.0, 3.0, "premium", 10.0, None, None, 11.0).held_ms == 0.0
+
+
+def test_a_request_preempted_before_its_first_text_can_still_be_shed():
+    """A started request whose text is all held back when a higher tier pushes it out has shown the client
+    nothing: once it can no longer keep its promise it is shed (429), like one that never started."""
+    engine = Engine(EngineConfig(model="tiny", max_num_seqs=1, tier_ttft_slo_ms={"premium": 60_000, "standard": 50}))
+    std = engine.add_request([1, 2, 3], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))
+    engine.step()  # standard prefilled: its first token is out
+    request = engine.requests[std]
+    assert request.first_token_time is not None
+    request.first_text_time = None  # as if that first token were a lead byte still waiting for the rest
+    engine.add_request([4, 5, 6], SamplingParams(max_tokens=200, temperature=0, ignore_eos=True), tier="premium")
+    engine.scheduler.rebatch_due = True  # premium is admitted at the next step and takes the only slot
+    outs = {}
+    while engine.has_unfinished_requests() and std not in outs:
+        for out in engine.step():
+            outs[out.request_id] = out
+        engine.check_integrity()
+    assert outs[std].finished and [c.finish_reason for c in outs[std].outputs] == ["shed"]
+    assert engine.stats().shed_by_tier["standard"] == 1
+
+
+def test_a_request_that_showed_text_keeps_its_place_when_preempted():
+    engine = Engine(EngineConfig(model="tiny", max_num_seqs=1, tier_ttft_slo_ms={"premium": 60_000, "standard": 50}))
+    std = engine.add_request([1, 2, 3], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    engine.step()
+    engine.requests[std].first_text_time = engine.requests[std].first_token_time  # its text went out
+    engine.add_request([4, 5, 6], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True), tier="premium")
+    engine.scheduler.rebatch_due = True
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outs[out.request_id] = out
+    assert outs[std].outputs[0].finish_reason == "length" and len(outs[std].outputs[0].token_ids) == 20
+
+
+def _queued() -> QueueSnapshot:
+    return QueueSnapshot({"premium": 2, "standard": 0, "basic": 0}, {"premium": 200, "standard": 0, "basic": 0},
+                         {"premium": 8, "standard": 0, "basic": 0})
+
+
+def test_the_tail_factor_settles_where_one_percent_miss_and_tightens_admission():
+    est = AdmissionEstimator(EngineConfig(), {"premium": 8, "standard": 8, "basic": 8})
+    est.on_finished(0.4)
+    est.on_step(0.02, 0)
+    # queue: 2 slots, none free, 8 turning over every 0.4 s -> 0.1 s; + 2 steps of 0.02 s: 0.14 s <= 0.24 s
+    est.check("premium", 100, _queued())
+    for _ in range(20):  # twenty accepted premium requests got their first text after 0.5 s: over the 0.24 s target
+        est.on_outcome("premium", 0.5)
+    k = est.tail_factor["premium"]
+    assert k == pytest.approx(math.exp(0.05 * 0.99 * 20))
+    with pytest.raises(SLOUnattainableError):
+        est.check("premium", 100, _queued())  # the same estimate, now scaled by the learned tail
+    for _ in range(99):  # one miss in a hundred is what the quantile allows: the factor stays put
+        est.on_outcome("premium", 0.1)
+    est.on_outcome("premium", None)  # a shed request counts as a miss
+    assert est.tail_factor["premium"] == pytest.approx(k, rel=1e-6)
+    for _ in range(5000):  # the engine keeps up: admission loosens again, down to its bound
+        est.on_outcome("premium", 0.1)
+    assert est.tail_factor["premium"] == TAIL_FACTOR_BOUNDS[0]
+    est.check("premium", 100, _queued())
+    est.on_outcome("basic", 9.0)  # no promise: nothing to learn
+    assert "basic" not in est.tail_factor
+
+
+def test_the_engine_feeds_the_tail_factor_from_its_requests_first_text():
+    engine = Engine(EngineConfig(model="tiny", tier_ttft_slo_ms={"premium": 300, "standard": 1}))
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.admission.tail_factor["standard"] > 1.0  # a 1 ms promise was missed
+    assert engine.admission.tail_factor["premium"] == 1.0
+    offline = Engine(EngineConfig(model="tiny", tier_ttft_slo_ms={"premium": 300, "standard": 1}))
+    offline.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert offline.admission.tail_factor["standard"] == 1.0  # generate() is offline work: not judged
