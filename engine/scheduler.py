@@ -3,7 +3,10 @@
 Each step packs a token budget in rank order: running requests get one token per decode and a chunk per
 prefill, and on an admission step those ranked below the best queued request come after admission.
 New work joins only every `rebatch_interval` steps, or at once when a request has finished (its slot and
-KV are free). Tiers are strict: premium before standard before basic; a waiting request may preempt
+KV are free). While a running request still owes its client the first text (in its prefill, or a character
+held back over byte tokens), the prefill chunks of lower tiers wait and their decodes go on
+(`first_text_priority`): a step's time is mostly its prefill tokens, so the steps it still needs run short.
+Tiers are strict: premium before standard before basic; a waiting request may preempt
 running requests ranked below it for batch slots and KV, and premium may hold back a share of the KV
 blocks (`premium_reserved_kv_frac`: the other tiers together never hold more than the rest, at
 admission, in later prefill chunks, in decode growth and at swap-in) and of the batch slots. At the KV
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.block_ops import BlockOps
 from engine.config import EngineConfig
-from engine.queues import RequestQueues, rank
+from engine.queues import TIER_RANK, RequestQueues, rank
 from engine.sequence import Request, SeqStatus, Sequence
 
 # Swapped requests come back only when usage stays this far below the watermark (avoids ping-pong).
@@ -90,6 +93,7 @@ class Scheduler:
         self.batch: set[str] = set()  # static batching: the current batch's unfinished members
         self.batch_open = True  # static batching: members may still join
         self.kv_blocked_tier: str | None = None  # the last admission stopped at a request of it for lack of KV
+        self._first_text_tier: int | None = None  # this step: the best tier rank owing its first text
 
     # ---- queues ---------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -136,12 +140,24 @@ class Scheduler:
         # running request first would let lower tiers' prefill chunks spend a step's budget before a
         # premium request arriving under overload could start. (Static batching keeps its own order.)
         running = sorted(self.running, key=rank)
+        self._first_text_tier = self._pending_first_text(running)
         if admit and self.config.batching == "continuous":
             budget = self._admit(budget, out, running)
         budget = self._serve_running(running, None, budget, out)
         if admit and self.config.batching == "static":
             self._admit(budget, out)
         return out
+
+    def _pending_first_text(self, running: list[Request]) -> int | None:
+        """The best tier rank among running requests still owing the client their first text (None: none)."""
+        if not self.config.first_text_priority or self.config.batching != "continuous":
+            return None
+        return next((TIER_RANK[r.tier] for r in running if r.first_text_time is None), None)
+
+    def _prefill_held(self, request: Request) -> bool:
+        """A prefill chunk of this request waits: a request of a higher tier still owes its first text, and
+        a step's time is mostly its prefill tokens, so the steps it still needs run short."""
+        return self._first_text_tier is not None and TIER_RANK[request.tier] > self._first_text_tier
 
     def _serve_running(self, behind: list[Request], above: Request | None, budget: int,
                        out: SchedulerOutput) -> int:
@@ -230,7 +246,7 @@ class Scheduler:
             if seq.seq_id not in self.bm.tables and not self._join(request, seq):
                 continue
             n = self._tokens_for(seq, budget)
-            if n == 0:
+            if n == 0 or (n > 1 and self._prefill_held(request)):
                 continue
             slots = seq.num_computed + n
             while not self._fits(request, self.bm.blocks_needed(seq.seq_id, slots)):
@@ -332,7 +348,7 @@ class Scheduler:
                 leader.num_cached_prefix = leader.num_computed = self.bm.allocate_prefix(
                     leader.seq_id, leader.token_ids)
             first_chunk = self._tokens_for(leader, seq_budget)
-            if first_chunk == 0:
+            if first_chunk == 0 or (first_chunk > 1 and self._prefill_held(request)):
                 self._drop_kv(leader)
                 return "budget", budget
             slots = self._slots_for_admission(request, leader, first_chunk)
@@ -352,6 +368,9 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self._note_blocks(request, seq)
         self.running.append(request)
+        if request.first_text_time is None and self._pending_first_text([request]) is not None:
+            tiers = [t for t in (self._first_text_tier, TIER_RANK[request.tier]) if t is not None]
+            self._first_text_tier = min(tiers)  # those ranked below it, served after it this step, hold back too
         return "", self._schedule_request(request, budget, out)
 
     def _slots_for_admission(self, request: Request, leader: Sequence, first_chunk: int) -> int:

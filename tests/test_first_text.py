@@ -155,3 +155,33 @@ def test_the_engine_feeds_the_tail_factor_from_its_requests_first_text():
     offline = Engine(EngineConfig(model="tiny", tier_ttft_slo_ms={"premium": 300, "standard": 1}))
     offline.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert offline.admission.tail_factor["standard"] == 1.0  # generate() is offline work: not judged
+
+
+def _prefill_progress(first_text_priority: bool, held_steps: int = 3) -> list[int]:
+    """A standard request mid-prefill when a premium one arrives whose first text stays held back for
+    `held_steps` steps after its prefill (as a character split over byte tokens would): the standard prompt
+    tokens computed after each step."""
+    engine = Engine(EngineConfig(model="tiny", first_text_priority=first_text_priority))
+    std = engine.add_request([1 + i % 200 for i in range(1200)], SamplingParams(max_tokens=4, temperature=0))
+    engine.step()  # its first 256-token chunk
+    prem = engine.add_request([7, 8, 9], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True), tier="premium")
+    engine.scheduler.rebatch_due = True
+    computed = []
+    for i in range(8):
+        engine.step()
+        if i == 0:  # taken from the inbox at this step
+            std_req, prem_req = engine.requests[std], engine.requests[prem]
+            assert prem_req.first_token_time is not None  # premium prefilled in this step
+        if i < held_steps:
+            prem_req.first_text_time = None  # its text is still held back
+        computed.append(std_req.seqs[0].num_computed)
+    return computed
+
+
+def test_lower_tiers_prefill_waits_while_a_higher_tier_owes_its_first_text():
+    # premium's prefill step and the 3 steps its text stays held back run no standard prefill chunk (decodes
+    # only: short steps); then standard's prefill goes on
+    assert _prefill_progress(True) == [256, 256, 256, 256, 512, 768, 1024, 1200]
+    # without the rule the standard chunks share those steps
+    assert _prefill_progress(False) == [512, 768, 1024, 1200, 1201, 1202, 1203, 1203]
+    assert _prefill_progress(True, held_steps=0) == [256, 512, 768, 1024, 1200, 1201, 1202, 1203]

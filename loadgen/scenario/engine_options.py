@@ -30,6 +30,7 @@ ENGINE_OPTIONS: dict[str, tuple[tuple, tuple | None]] = {
     "enable_chunked_prefill": ((bool,), None),
     "prefill_chunk_size": ((int,), None),
     "rebatch_interval": ((int,), None),
+    "first_text_priority": ((bool,), None),
     "premium_reserved_kv_frac": ((float,), None),
     "premium_reserved_slots": ((int,), None),
     "max_waiting_per_tier": ((dict,), None),
