@@ -35,11 +35,12 @@ With `admission="slo"`, a request that would queue (wait > 0) and whose estimate
 default; the rest of the promise is for what the engine does not see: HTTP, the network, the client) is
 refused at once, HTTP 429 with Retry-After = ceil(estimate - target) s (1 to 60), instead of queueing for
 seconds; a tier without a promise (basic) keeps only its queue bound, `max_waiting_per_tier`.
-While a request waits, a queued request that has not started and whose wait so far plus its own steps passes
-the promise itself is shed (`shed_deadline_s`), answered 429 then instead of a first token that would come
-too late (the measured rates can change after it was admitted: a burst of a higher tier, or a
-lull in the arrival estimate). `admission="queue-length"` keeps only the bounds. Either way the wait is exported as
-`slobench:estimated_queue_wait_seconds{tier}`.
+While a request waits, a queued request that has shown its client nothing yet (not started, or preempted
+before its first text) and whose wait so far plus its own steps passes the engine's share of the promise (the
+same target) is shed (`shed_deadline_s`), answered 429 then instead of a first token that would come too late
+(the measured rates can change after it was admitted: a burst of a higher tier, or the onset of an overload
+before the arrival estimate has seen it). `admission="queue-length"` keeps only the bounds. Either way the
+wait is exported as `slobench:estimated_queue_wait_seconds{tier}`.
 """
 
 from __future__ import annotations
@@ -175,15 +176,16 @@ class AdmissionEstimator:
         """How long a queued request of `tier` may wait unstarted before it is shed (None: never).
 
         Once the wait so far plus its own steps (the one under way, then its prefill chunks) passes the
-        promise itself, the request can no longer keep it, and answering 429 now beats a first token that
-        arrives too late. (Admission judges against the target share of the promise, leaving room for
-        HTTP and the network; shedding only what is past hope leaves alone a request that is merely late.)
+        engine's share of the promise (`admission_target_frac` of it, as at admission: the rest is for HTTP,
+        the network and the client), the request can no longer be counted on to keep it, and answering 429
+        now beats a first token that arrives too late. (Against the promise itself, requests started just
+        before it ran past it: at the onset of an overload the step-time estimate still reflects the quiet.)
         """
         slo = self.slo_s.get(tier)
         if self.mode != "slo" or slo is None:
             return None
         steps = 1 + (-(-prompt_tokens // self.prefill_chunk) if self.prefill_chunk else 1)
-        return slo - (self.step_s or 0.0) * steps
+        return self.target_frac * slo - (self.step_s or 0.0) * steps
 
     def check(self, tier: str, prompt_tokens: int, snap: QueueSnapshot) -> None:
         """Raise SLOUnattainableError when the request would queue past its tier's TTFT promise."""

@@ -148,10 +148,11 @@ def test_a_saturating_tier_above_makes_the_wait_infinite_and_the_request_is_refu
     assert e.value.retry_after_s == 60
 
 
-def test_shed_deadline_is_the_promise_less_the_requests_own_steps():
-    est = estimator()  # step time 0.05 s, 256-token chunks
-    assert est.shed_deadline_s("premium", 170) == pytest.approx(0.3 - 0.05 * 2)
-    assert est.shed_deadline_s("standard", 600) == pytest.approx(0.8 - 0.05 * 4)
+def test_shed_deadline_is_the_engines_share_of_the_promise_less_the_requests_own_steps():
+    est = estimator()  # step time 0.05 s, 256-token chunks, the engine's share 0.8 of the promise
+    assert est.shed_deadline_s("premium", 170) == pytest.approx(0.8 * 0.3 - 0.05 * 2)
+    assert est.shed_deadline_s("standard", 600) == pytest.approx(0.8 * 0.8 - 0.05 * 4)
+    assert estimator(admission_target_frac=1.0).shed_deadline_s("standard", 600) == pytest.approx(0.8 - 0.05 * 4)
     assert est.shed_deadline_s("basic", 170) is None  # no promise, never shed
     assert estimator(admission="queue-length").shed_deadline_s("standard", 170) is None
 
