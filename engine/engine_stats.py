@@ -50,4 +50,5 @@ def collect_stats(engine: Any, snapshot: QueueSnapshot) -> EngineStats:
         process_time_s=engine.step_times.process_s,
         step_time_s=engine.step_times.step_s,
         shed_by_tier=dict(engine.num_shed),
+        admission_tail_factor=dict(engine.admission.tail_factor),
     )

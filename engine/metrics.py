@@ -4,7 +4,7 @@ The `vllm:` metrics carry vLLM's labels (`model_name`, `engine`) and meanings, s
 slobench scraper work against either server; their latency buckets start at 1 ms. The `slobench:` metrics
 are the five service-health signals, labelled by tier: time to first token, output token rate, KV usage,
 batch fill ratio (running sequences / max batch) and admission rejections; also each tier's estimated queue
-wait, which SLO-aware admission judges (engine/admission.py).
+wait, which SLO-aware admission judges, and the tail factor it scales that estimate by (engine/admission.py).
 
 Each server owns its own `CollectorRegistry`. Request histograms are observed once per finished request
 from the engine's exact timestamps (`Timing`), so queue + prefill + decode add up to e2e latency.
@@ -222,6 +222,12 @@ class ServerMetrics:
             tl,
             registry=r,
         )
+        self._tier_tail = Gauge(
+            "slobench:admission_tail_factor",
+            "The factor SLO-aware admission scales each tier's estimate by, learned from its accepted requests' TTFT.",
+            tl,
+            registry=r,
+        )
         self._tier = {
             t: {
                 "ttft": self._tier_ttft.labels(model_name, t),
@@ -234,6 +240,7 @@ class ServerMetrics:
                 "running": self._tier_running.labels(model_name, t),
                 "waiting": self._tier_waiting.labels(model_name, t),
                 "wait": self._tier_wait.labels(model_name, t),
+                "tail": self._tier_tail.labels(model_name, t),
             }
             for t in TIERS
         }
@@ -339,8 +346,10 @@ class ServerMetrics:
         rejections = getattr(stats, "admission_rejections", None) or {}
         waits = getattr(stats, "estimated_queue_wait_s", None) or {}
         shed = getattr(stats, "shed_by_tier", None) or {}
+        tails = getattr(stats, "admission_tail_factor", None) or {}
         for tier, series in self._tier.items():
             series["wait"].set(waits.get(tier, 0.0))
+            series["tail"].set(tails.get(tier, 1.0))
             running = running_by_tier.get(tier, 0)
             series["running"].set(running)
             series["waiting"].set(waiting_by_tier.get(tier, 0))

@@ -72,16 +72,18 @@ class OutputProcessor:
         """Text the newest token adds, decoding only a short window (constant work per token).
 
         The window starts a few tokens back so tokenizers that merge across token boundaries (leading
-        spaces, multi-byte characters split over byte tokens) still render right; text that ends in an
-        incomplete UTF-8 sequence is held back until the bytes that complete it arrive.
+        spaces, multi-byte characters split over byte tokens) still render right. The trailing tokens of a
+        character still incomplete are held back until the tokens that complete it arrive; the text before
+        them goes out (a tokenizer that cannot tell which tokens those are holds back text ending in U+FFFD).
         """
         ids = seq.output_ids
+        tail = 0 if final else self.tokenizer.incomplete_tail(ids)
+        end = max(seq.read_offset, len(ids) - (tail or 0))
         before = self.tokenizer.decode(ids[seq.prefix_offset : seq.read_offset])
-        after = self.tokenizer.decode(ids[seq.prefix_offset :])
-        if len(after) <= len(before) or (not final and after.endswith("\ufffd")
-                                         and self.tokenizer.ends_mid_character(ids)):
+        after = self.tokenizer.decode(ids[seq.prefix_offset : end])
+        if len(after) <= len(before) or (tail is None and not final and after.endswith("\ufffd")):
             return ""
-        seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
+        seq.prefix_offset, seq.read_offset = seq.read_offset, end
         return after[len(before) :]
 
 

@@ -88,3 +88,4 @@ class EngineStats:
     process_time_s: float  # sampling bookkeeping, stop checks, detokenizing, outputs, cumulative
     step_time_s: float  # whole steps, cumulative
     shed_by_tier: dict[str, int] = field(default_factory=dict)  # cumulative; also in admission_rejections
+    admission_tail_factor: dict[str, float] = field(default_factory=dict)  # SLO admission's learned tail scale

@@ -21,8 +21,9 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
-    def ends_mid_character(self, ids: list[int]) -> bool:
-        """Whether the ids end inside a character that later ids may still complete (its text is held back)."""
+    def incomplete_tail(self, ids: list[int]) -> int | None:
+        """How many trailing ids begin a character that later ids may still complete (0: none); None when the
+        tokenizer cannot tell (then text ending in U+FFFD is held back whole)."""
         ...
 
 
@@ -62,10 +63,10 @@ class ByteTokenizer:
         out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
 
-    def ends_mid_character(self, ids: list[int]) -> bool:
-        """True only when the trailing bytes are the valid start of a character still missing bytes. An invalid
-        byte is rendered U+FFFD for good whatever follows, so holding it back would only delay the text (a
-        random-weight model emits such bytes often, and each hold would add a step to its first token)."""
+    def incomplete_tail(self, ids: list[int]) -> int:
+        """The trailing bytes that are the valid start of a character still missing bytes. An invalid byte is
+        rendered U+FFFD for good whatever follows, so only these wait (a random-weight model emits such bytes
+        often: holding the text before them too would add steps to its first token)."""
         tail = bytearray()
         for i in reversed(ids[-4:]):  # a UTF-8 character is at most 4 bytes
             if i >= 256:
@@ -73,7 +74,7 @@ class ByteTokenizer:
             tail.insert(0, i)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         decoder.decode(bytes(tail), final=False)
-        return bool(decoder.getstate()[0])
+        return len(decoder.getstate()[0])  # one id per byte
 
 
 class HFTokenizer:
@@ -129,10 +130,10 @@ class HFTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def ends_mid_character(self, ids: list[int]) -> bool:
-        # Byte-level BPE renders a partial character as U+FFFD and tokenizers cannot tell it from an invalid
-        # one: hold it back, as vLLM's detokenizer does.
-        return self.decode(ids[-8:]).endswith("\ufffd")
+    def incomplete_tail(self, ids: list[int]) -> None:
+        # Byte-level BPE renders a partial character as U+FFFD and cannot tell it from an invalid one, nor which
+        # tokens it spans: the caller holds back text ending in U+FFFD whole, as vLLM's detokenizer does.
+        return None
 
 
 def _read_json(path: Path) -> dict:

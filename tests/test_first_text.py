@@ -9,6 +9,7 @@ tail factor learns from the accepted requests' own TTFT.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -27,20 +28,22 @@ EURO = [0xE2, 0x82, 0xAC]  # "€"
 
 def test_only_a_character_that_can_still_complete_is_held_back():
     tok = ByteTokenizer()
-    assert tok.ends_mid_character([0x41, 0xE2]) and tok.ends_mid_character([0xE2, 0x82])
-    assert not tok.ends_mid_character(EURO)
-    assert not tok.ends_mid_character([0x41, 0x85])  # a stray continuation byte is invalid for good
-    assert not tok.ends_mid_character([0xE2, 0x41])  # a lead byte cut short by ASCII: invalid for good
-    assert not tok.ends_mid_character([0xC0])  # never a valid lead byte
-    assert not tok.ends_mid_character([0xE2, 257])  # a special token ends the byte run
-    assert not tok.ends_mid_character([])
+    assert tok.incomplete_tail([0x41, 0xE2]) == 1 and tok.incomplete_tail([0x41, 0xE2, 0x82]) == 2
+    assert tok.incomplete_tail([0xE2, 0xE2, 0x82]) == 2  # the first lead byte is invalid for good
+    assert tok.incomplete_tail([0x82, 0xAC, 0xF0, 0x9F, 0x98]) == 3  # the window starts inside a character
+    assert tok.incomplete_tail(EURO) == 0
+    assert tok.incomplete_tail([0x41, 0x85]) == 0  # a stray continuation byte is invalid for good
+    assert tok.incomplete_tail([0xE2, 0x41]) == 0  # a lead byte cut short by ASCII: invalid for good
+    assert tok.incomplete_tail([0xC0]) == 0  # never a valid lead byte
+    assert tok.incomplete_tail([0xE2, 257]) == 0  # a special token ends the byte run
+    assert tok.incomplete_tail([]) == 0
 
 
 def _stream(ids: list[int]) -> list[str]:
     tok = ByteTokenizer()
     proc = OutputProcessor(tok, tok.eos_token_ids, 4096)
     seq = Sequence("r", 0, [65], 1, Params(max_tokens=len(ids), ignore_eos=True), "standard", 0.0)
-    return [seq.text[len(seq.text) - len(piece):] if (piece := _step(proc, seq, t)) else "" for t in ids]
+    return [_step(proc, seq, t) for t in ids]
 
 
 def _step(proc: OutputProcessor, seq: Sequence, token: int) -> str:
@@ -50,12 +53,25 @@ def _step(proc: OutputProcessor, seq: Sequence, token: int) -> str:
 
 
 def test_invalid_bytes_show_at_once_and_a_split_character_when_whole():
-    ids = [0x85, 0x41, *EURO, 0xE2, 0x41]
+    ids = [0x85, 0x41, *EURO, 0xE2, 0x41, 0xE2, 0xE2, 0x82, 0xAC]
     pieces = _stream(ids)
     # the stray byte shows at once as U+FFFD; the euro sign waits for its third byte; a lead byte cut short
-    # shows as U+FFFD with the byte that cut it
-    assert pieces == ["\ufffd", "A", "", "", "€", "", "\ufffdA"]
+    # shows as U+FFFD with the byte that cut it, or at once when the byte that cuts it starts a character
+    assert pieces == ["\ufffd", "A", "", "", "€", "", "\ufffdA", "", "\ufffd", "", "€"]
     assert "".join(pieces) == ByteTokenizer().decode(ids)
+
+
+def test_random_byte_streams_stream_the_same_text_and_hold_at_most_a_character():
+    rng = random.Random(5)
+    tok = ByteTokenizer()
+    for _ in range(300):
+        ids = [rng.choice([rng.randrange(256), rng.randrange(0x80, 0xC0), rng.randrange(0xC2, 0xF5)])
+               for _ in range(rng.randrange(1, 24))]
+        pieces = _stream(ids)
+        assert "".join(pieces) == tok.decode(ids)  # the last token is final: nothing stays held
+        for k in range(1, len(ids)):
+            # after k tokens everything is shown but the one incomplete character at the end
+            assert "".join(pieces[:k]) == tok.decode(ids[: k - tok.incomplete_tail(ids[:k])]), (ids, k)
 
 
 def test_first_text_time_and_held_ms_in_the_timing():

@@ -83,6 +83,7 @@ def test_a_burst_against_a_slow_engine_gets_429_for_standard_while_premium_is_ad
         assert metric(server, "slobench:admission_rejections_total", "premium") == 0
         for tier in ("premium", "standard", "basic"):
             assert metric(server, "slobench:estimated_queue_wait_seconds", tier) >= 0
+            assert 0.5 <= metric(server, "slobench:admission_tail_factor", tier) <= 20.0
         server.wait_idle()
         server.call(server.engine.check_integrity)
     finally:
