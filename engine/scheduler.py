@@ -3,8 +3,8 @@
 Each step packs a token budget in rank order: running requests get one token per decode and a chunk per
 prefill, and on an admission step those ranked below the best queued request come after admission.
 New work joins only every `rebatch_interval` steps, or at once when a request has finished (its slot and
-KV are free). While a running request still owes its client the first text (in its prefill, or a character
-held back over byte tokens), the prefill chunks of lower tiers wait and their decodes go on
+KV are free). While a running request's first token is out but its first text is not (a character held
+back over byte tokens), the prefill chunks of lower tiers wait and their decodes go on
 (`first_text_priority`): a step's time is mostly its prefill tokens, so the steps it still needs run short.
 Tiers are strict: premium before standard before basic; a waiting request may preempt
 running requests ranked below it for batch slots and KV, and premium may hold back a share of the KV
@@ -149,10 +149,13 @@ class Scheduler:
         return out
 
     def _pending_first_text(self, running: list[Request]) -> int | None:
-        """The best tier rank among running requests still owing the client their first text (None: none)."""
+        """The best tier rank among running requests whose first token is out but whose first text is held back
+        (None: none). Only then: holding lower tiers' prefill through a request's own prefill too would idle
+        the budget for a large share of the steps, and refuse lower tiers at loads the engine can carry."""
         if not self.config.first_text_priority or self.config.batching != "continuous":
             return None
-        return next((TIER_RANK[r.tier] for r in running if r.first_text_time is None), None)
+        held = (TIER_RANK[r.tier] for r in running if r.first_token_time is not None and r.first_text_time is None)
+        return next(held, None)
 
     def _prefill_held(self, request: Request) -> bool:
         """A prefill chunk of this request waits: a request of a higher tier still owes its first text, and
@@ -368,7 +371,7 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self._note_blocks(request, seq)
         self.running.append(request)
-        if request.first_text_time is None and self._pending_first_text([request]) is not None:
+        if self._pending_first_text([request]) is not None:  # swapped in with its first text still held
             tiers = [t for t in (self._first_text_tier, TIER_RANK[request.tier]) if t is not None]
             self._first_text_tier = min(tiers)  # those ranked below it, served after it this step, hold back too
         return "", self._schedule_request(request, budget, out)

@@ -137,13 +137,11 @@ def test_premium_preempts_saturating_basic_within_one_interval():
     engine.check_integrity()
 
 
-@pytest.mark.parametrize("first_text_priority", [False, True])
-def test_premium_gets_the_token_budget_before_lower_tiers_running_prefills(first_text_priority):
+def test_premium_gets_the_token_budget_before_lower_tiers_running_prefills():
     """Basic requests mid-prefill of long prompts hold the whole token budget; an arriving premium request
-    still starts at the next admission step, with its whole first chunk in that step's batch. The basic
-    prefills share what is left, or, while premium owes its first text (first_text_priority), wait."""
+    still starts at the next admission step, with its whole first chunk in that step's batch."""
     engine = make_engine(max_num_seqs=8, max_num_batched_tokens=256, prefill_chunk_size=128, rebatch_interval=1,
-                         admission="queue-length", first_text_priority=first_text_priority)
+                         admission="queue-length")
     rng = random.Random(3)
     for _ in range(4):
         engine.add_request([rng.randrange(1, 250) for _ in range(1500)],
@@ -159,9 +157,8 @@ def test_premium_gets_the_token_budget_before_lower_tiers_running_prefills(first
     before = computed()
     engine.step()
     after = computed()
-    assert after[premium] == 128  # its whole first chunk
-    assert sum(after[rid] - before.get(rid, 0) for rid in after if rid != premium) == (0 if first_text_priority
-                                                                                      else 128)
+    assert after[premium] == 128  # its whole first chunk; the basic prefills share what is left
+    assert sum(after[rid] - before.get(rid, 0) for rid in after if rid != premium) == 128
 
 
 def test_premium_reserved_slots_hold_back_lower_tiers():

@@ -194,10 +194,10 @@ def _prefill_progress(first_text_priority: bool, held_steps: int = 3) -> list[in
     return computed
 
 
-def test_lower_tiers_prefill_waits_while_a_higher_tier_owes_its_first_text():
-    # premium's prefill step and the 3 steps its text stays held back run no standard prefill chunk (decodes
-    # only: short steps); then standard's prefill goes on
-    assert _prefill_progress(True) == [256, 256, 256, 256, 512, 768, 1024, 1200]
+def test_lower_tiers_prefill_waits_while_a_higher_tiers_first_text_is_held_back():
+    # premium's prefill step shares the budget with standard's chunk; the 3 steps its text stays held back
+    # after its first token run no standard prefill chunk (decodes only: short steps); then standard goes on
+    assert _prefill_progress(True) == [512, 512, 512, 512, 768, 1024, 1200, 1201]
     # without the rule the standard chunks share those steps
     assert _prefill_progress(False) == [512, 768, 1024, 1200, 1201, 1202, 1203, 1203]
-    assert _prefill_progress(True, held_steps=0) == [256, 512, 768, 1024, 1200, 1201, 1202, 1203]
+    assert _prefill_progress(True, held_steps=0) == _prefill_progress(False)
