@@ -35,8 +35,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     prefill_chunk_size: int = 256  # largest prefill chunk one request gets in a step
     rebatch_interval: int = 4  # steps between admissions (also on every finish)
-    # While a request's first token is out but its text is held back, lower tiers' prefill chunks wait (decodes
-    # go on): its remaining steps run short (engine/scheduler.py)
+    # While a request's first token is out but its text is held back, the prefill chunks of requests ranked below
+    # it wait (decodes go on): its remaining steps run short (engine/scheduler.py)
     first_text_priority: bool = True
     premium_reserved_kv_frac: float = 0.0  # share of KV blocks only premium may use
     premium_reserved_slots: int = 0  # batch slots only premium may use

@@ -4,7 +4,7 @@ Each step packs a token budget in rank order: running requests get one token per
 prefill, and on an admission step those ranked below the best queued request come after admission.
 New work joins only every `rebatch_interval` steps, or at once when a request has finished (its slot and
 KV are free). While a running request's first token is out but its first text is not (a character held
-back over byte tokens), the prefill chunks of lower tiers wait and their decodes go on
+back over byte tokens), the prefill chunks of requests ranked below it wait and their decodes go on
 (`first_text_priority`): a step's time is mostly its prefill tokens, so the steps it still needs run short.
 Tiers are strict: premium before standard before basic; a waiting request may preempt
 running requests ranked below it for batch slots and KV, and premium may hold back a share of the KV
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.block_ops import BlockOps
 from engine.config import EngineConfig
-from engine.queues import TIER_RANK, RequestQueues, rank
+from engine.queues import RequestQueues, rank
 from engine.sequence import Request, SeqStatus, Sequence
 
 # Swapped requests come back only when usage stays this far below the watermark (avoids ping-pong).
@@ -93,7 +93,7 @@ class Scheduler:
         self.batch: set[str] = set()  # static batching: the current batch's unfinished members
         self.batch_open = True  # static batching: members may still join
         self.kv_blocked_tier: str | None = None  # the last admission stopped at a request of it for lack of KV
-        self._first_text_tier: int | None = None  # this step: the best tier rank owing its first text
+        self._first_text_rank: tuple | None = None  # this step: the best-ranked request whose first text is held
 
     # ---- queues ---------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -140,7 +140,7 @@ class Scheduler:
         # running request first would let lower tiers' prefill chunks spend a step's budget before a
         # premium request arriving under overload could start. (Static batching keeps its own order.)
         running = sorted(self.running, key=rank)
-        self._first_text_tier = self._pending_first_text(running)
+        self._first_text_rank = self._pending_first_text(running)
         if admit and self.config.batching == "continuous":
             budget = self._admit(budget, out, running)
         budget = self._serve_running(running, None, budget, out)
@@ -148,19 +148,21 @@ class Scheduler:
             self._admit(budget, out)
         return out
 
-    def _pending_first_text(self, running: list[Request]) -> int | None:
-        """The best tier rank among running requests whose first token is out but whose first text is held back
-        (None: none). Only then: holding lower tiers' prefill through a request's own prefill too would idle
-        the budget for a large share of the steps, and refuse lower tiers at loads the engine can carry."""
+    def _pending_first_text(self, running: list[Request]) -> tuple | None:
+        """The rank of the best-ranked of the running requests (in rank order) whose first token is out but
+        whose first text is held back (None: none). Only then: holding others' prefill through a request's own
+        prefill too would idle the budget for a large share of the steps, and refuse lower tiers at loads the
+        engine can carry."""
         if not self.config.first_text_priority or self.config.batching != "continuous":
             return None
-        held = (TIER_RANK[r.tier] for r in running if r.first_token_time is not None and r.first_text_time is None)
+        held = (rank(r) for r in running if r.first_token_time is not None and r.first_text_time is None)
         return next(held, None)
 
     def _prefill_held(self, request: Request) -> bool:
-        """A prefill chunk of this request waits: a request of a higher tier still owes its first text, and
-        a step's time is mostly its prefill tokens, so the steps it still needs run short."""
-        return self._first_text_tier is not None and TIER_RANK[request.tier] > self._first_text_tier
+        """A prefill chunk of this request waits: a request ranked above it has its first token out but its
+        first text held back, and a step's time is mostly its prefill tokens, so the steps it still needs run
+        short (one ranked below it in its own tier waits too: under overload the steps are mostly that tier's)."""
+        return self._first_text_rank is not None and rank(request) > self._first_text_rank
 
     def _serve_running(self, behind: list[Request], above: Request | None, budget: int,
                        out: SchedulerOutput) -> int:
@@ -371,9 +373,9 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self._note_blocks(request, seq)
         self.running.append(request)
-        if self._pending_first_text([request]) is not None:  # swapped in with its first text still held
-            tiers = [t for t in (self._first_text_tier, TIER_RANK[request.tier]) if t is not None]
-            self._first_text_tier = min(tiers)  # those ranked below it, served after it this step, hold back too
+        if (held := self._pending_first_text([request])) is not None:  # swapped in with its first text held
+            ranks = [r for r in (self._first_text_rank, held) if r is not None]
+            self._first_text_rank = min(ranks)  # those ranked below it, served after it this step, hold back too
         return "", self._schedule_request(request, budget, out)
 
     def _slots_for_admission(self, request: Request, leader: Sequence, first_chunk: int) -> int:

@@ -60,7 +60,8 @@ _ENGINE_HELP = {
     "prefill_chunk_size": "largest prefill chunk one request gets per step",
     "rebatch_interval": "steps between admissions",
     "first_text_priority": "while a request's first token is out but its text is held back (an incomplete "
-                           "character), lower tiers' prefill chunks wait (--no-first-text-priority turns it off)",
+                           "character), the prefill chunks of requests ranked below it wait "
+                           "(--no-first-text-priority turns it off)",
     "premium_reserved_kv_frac": "share of KV blocks only premium may use",
     "premium_reserved_slots": "batch slots only premium may use",
     "max_waiting_per_tier": "waiting-queue bounds: premium=N,standard=N,basic=N (or JSON)",

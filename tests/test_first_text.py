@@ -201,3 +201,21 @@ def test_lower_tiers_prefill_waits_while_a_higher_tiers_first_text_is_held_back(
     # without the rule the standard chunks share those steps
     assert _prefill_progress(False) == [512, 768, 1024, 1200, 1201, 1202, 1203, 1203]
     assert _prefill_progress(True, held_steps=0) == _prefill_progress(False)
+
+
+def test_a_younger_request_of_the_same_tier_waits_for_an_older_ones_held_text():
+    engine = Engine(EngineConfig(model="tiny"))
+    older = engine.add_request([7, 8, 9], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True), tier="premium")
+    engine.step()  # prefilled: its first token is out
+    held = engine.requests[older]
+    younger = engine.add_request([1 + i % 200 for i in range(600)], SamplingParams(max_tokens=4, temperature=0),
+                                 tier="premium")
+    engine.scheduler.rebatch_due = True
+    computed = []
+    for i in range(5):
+        if i < 3:
+            held.first_text_time = None  # its first character still incomplete
+        engine.scheduler.rebatch_due = True
+        engine.step()
+        computed.append(engine.requests[younger].seqs[0].num_computed)
+    assert computed == [0, 0, 0, 256, 512]  # it waits for the older one's text, then prefills
