@@ -24,6 +24,7 @@ queue / prefill / decode breakdown stays exact.
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import threading
@@ -161,6 +162,9 @@ def run_engine_core(config: EngineConfig, from_front: Connection, to_front: Conn
     except Exception as e:
         to_front.send(("error", f"{type(e).__name__}: {e}"))
         return
+    gc.collect()
+    gc.freeze()  # the engine's long-lived objects leave the collector's view (as the front end's: launch.py)
+    gc.set_threshold(50_000, 50, 100)
     to_front.send(("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len}))
     EngineCore(engine, to_front).serve(from_front)
 
