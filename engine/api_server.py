@@ -207,7 +207,7 @@ async def _generate(
         # before it showed anything (SLO-aware admission, engine/admission.py) is still a plain 429, streamed
         # or not. Outputs without text (an incomplete character held back) are kept for the stream.
         first = await stream.next_batch()
-        while not any(map(_visible, first)):
+        while not any(o.finished or any(c.new_text for c in o.outputs) for o in first):
             first += await stream.next_batch()
         clock = (received, time.monotonic())  # for the front end's share of the TTFT
         shed = shed_error(first[-1], req.tier, app[ENGINE_KEY].config)
@@ -218,10 +218,6 @@ async def _generate(
         return await _full_response(req, stream, first, clock)
     finally:
         eloop.release(rid)
-
-
-def _visible(out: Any) -> bool:
-    return out.finished or any(c.new_text for c in out.outputs)
 
 
 async def _full_response(req: GenerationRequest, stream: RequestStream, first: list[Any],

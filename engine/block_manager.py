@@ -22,6 +22,19 @@ from dataclasses import dataclass
 from engine.block_ops import COPY, SWAP_IN, SWAP_OUT, BlockOps
 
 
+def kv_slots(prompt_len: int, max_tokens: int) -> int:
+    """KV slots one sequence ever writes: every token but the last one sampled."""
+    return prompt_len + max_tokens - 1
+
+
+def kv_blocks_alone(prompt_len: int, n: int, max_tokens: int, block_size: int) -> int:
+    """KV blocks a request may hold at its largest: the prompt's full blocks shared by its n sequences, and
+    each sequence's own blocks for the rest of its KV slots (copy-on-write and contiguous reservation
+    included)."""
+    shared = prompt_len // block_size
+    return shared + n * (-(-kv_slots(prompt_len, max_tokens) // block_size) - shared)
+
+
 class NoFreeBlocksError(RuntimeError):
     pass
 

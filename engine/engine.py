@@ -14,7 +14,7 @@ from collections import deque
 import torch
 
 from engine.admission import AdmissionEstimator, QueueSnapshot
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, kv_blocks_alone
 from engine.config import TIERS, EngineConfig, normalize_tier
 from engine.engine_stats import collect_stats
 from engine.errors import (
@@ -30,7 +30,7 @@ from engine.output_processor import OutputProcessor, build_output
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampler import Sampler
 from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledSeq, Scheduler, kv_blocks_alone
+from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
 from engine.timing import StepClock, StepTimes, record_scheduled, record_token_step
 

@@ -1,45 +1,43 @@
 """Continuous-batching scheduler with chunked prefill, priority tiers, admission control and swapping.
 
-Each step packs a token budget in rank order: running requests get one token per decode and a chunk per
-prefill, and on an admission step those ranked below the best queued request come after admission.
-New work joins only every `rebatch_interval` steps, or at once when a request has finished (its slot and
-KV are free). While a running request's first token is out but its first text is not (a character held
-back over byte tokens), the prefill chunks of requests ranked below it wait and their decodes go on
-(`first_text_priority`): a step's time is mostly its prefill tokens, so the steps it still needs run short.
-Tiers are strict: premium before standard before basic; a waiting request may preempt
-running requests ranked below it for batch slots and KV, and premium may hold back a share of the KV
-blocks (`premium_reserved_kv_frac`: the other tiers together never hold more than the rest, at
-admission, in later prefill chunks, in decode growth and at swap-in) and of the batch slots. At the KV
-usage watermark admissions stop and the lowest-ranked running requests move to host memory (or, when the
-host pool is full, drop their KV to be recomputed later).
+Each step packs a token budget in rank order: running requests get one token per decode and a chunk per prefill, and
+on an admission step those ranked below the best queued request come after admission. New work joins only every
+`rebatch_interval` steps, or at once when a request has finished (its slot and KV are free). While a running
+request's first token is out but its first text is not (a character held back over byte tokens), the prefill chunks
+of requests ranked below it wait and their decodes go on (`first_text_priority`): a step's time is mostly its
+prefill tokens, so the steps it still needs run short. Tiers are strict: premium before standard before basic; a
+waiting request may preempt running requests ranked below it for batch slots and KV, and premium may hold back a
+share of the KV blocks (`premium_reserved_kv_frac`: the other tiers together never hold more than the rest, at
+admission, in later prefill chunks, in decode growth and at swap-in) and of the batch slots. At the KV usage
+watermark admissions stop and the lowest-ranked running requests move to host memory (or, when the host pool is
+full, drop their KV to be recomputed later).
 
-Progress guarantee. Requests are ranked by (tier, arrival): premium before standard before basic, older
-before younger (engine/queues.py). A request is preempted only in favour of one ranked above it: a victim
-is always the lowest-ranked running request below the one that needs room, a request steps aside itself
-only when every other running request ranks above it, and the watermark never pushes out the best-ranked
-running request. So the best-ranked unfinished request is never preempted. Running, it is scheduled first
-with the whole token budget and takes KV and slots from the others; queued, it is the first candidate of
-every admission (due within `rebatch_interval` steps), gets the step's token budget before every running
-request ranked below it, may preempt every other running request, and nothing ranked below it is admitted
-before it; and every
-request `Engine.add_request` accepts fits the pool alone (its tier's share of KV blocks and batch slots,
-each of its n sequences counted in full beyond the shared prompt blocks: `kv_blocks_alone`), a request that
-could never fit being rejected up front. So it finishes, then the next best-ranked one, and so on: every
-request finishes (requests of a higher tier that keep arriving do overtake; tiers are strict; a static batch
-drains before the next starts). A request that restarts after losing its KV re-prefills one sequence's
-prompt and its other sequences share those blocks again, so its KV stays within the same bound.
+Progress guarantee. Requests are ranked by (tier, arrival): premium before standard before basic, older before
+younger (engine/queues.py). A request is preempted only in favour of one ranked above it: a victim is always the
+lowest-ranked running request below the one that needs room, a request steps aside itself only when every other
+running request ranks above it, and the watermark never pushes out the best-ranked running request. So the
+best-ranked unfinished request is never preempted. Running, it is scheduled first with the whole token budget and
+takes KV and slots from the others; queued, it is the first candidate of every admission (due within
+`rebatch_interval` steps), gets the step's token budget before every running request ranked below it, may preempt
+every other running request, and nothing ranked below it is admitted before it; and every request
+`Engine.add_request` accepts fits the pool alone (its tier's share of KV blocks and batch slots, each of its n
+sequences counted in full beyond the shared prompt blocks: `kv_blocks_alone`), a request that could never fit being
+rejected up front. So it finishes, then the next best-ranked one, and so on: every request finishes (requests of a
+higher tier that keep arriving do overtake; tiers are strict; a static batch drains before the next starts). A
+request that restarts after losing its KV re-prefills one sequence's prompt and its other sequences share those
+blocks again, so its KV stays within the same bound.
 
-Two baselines are switches. Static batching: a batch fills every slot it can (up to max_num_seqs, or
-until the queue is empty), prefills under the token budget over as many steps as that takes, takes no new
-member once a member has started decoding, and refills only when every member has finished. Contiguous
-allocation: each request reserves KV for prompt + max_tokens up front, as pre-paged engines did.
+Two baselines are switches. Static batching: a batch fills every slot it can (up to max_num_seqs, or until the queue
+is empty), prefills under the token budget over as many steps as that takes, takes no new member once a member has
+started decoding, and refills only when every member has finished. Contiguous allocation: each request reserves KV
+for prompt + max_tokens up front, as pre-paged engines did.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, kv_slots
 from engine.block_ops import BlockOps
 from engine.config import EngineConfig
 from engine.queues import RequestQueues, rank
@@ -47,19 +45,6 @@ from engine.sequence import Request, SeqStatus, Sequence
 
 # Swapped requests come back only when usage stays this far below the watermark (avoids ping-pong).
 SWAP_IN_HYSTERESIS = 0.05
-
-
-def kv_slots(prompt_len: int, max_tokens: int) -> int:
-    """KV slots one sequence ever writes: every token but the last one sampled."""
-    return prompt_len + max_tokens - 1
-
-
-def kv_blocks_alone(prompt_len: int, n: int, max_tokens: int, block_size: int) -> int:
-    """KV blocks a request may hold at its largest: the prompt's full blocks shared by its n sequences, and
-    each sequence's own blocks for the rest of its KV slots (copy-on-write and contiguous reservation
-    included)."""
-    shared = prompt_len // block_size
-    return shared + n * (-(-kv_slots(prompt_len, max_tokens) // block_size) - shared)
 
 
 @dataclass
@@ -149,19 +134,13 @@ class Scheduler:
         return out
 
     def _pending_first_text(self, running: list[Request]) -> tuple | None:
-        """The rank of the best-ranked of the running requests (in rank order) whose first token is out but
-        whose first text is held back (None: none). Only then: holding others' prefill through a request's own
-        prefill too would idle the budget for a large share of the steps, and refuse lower tiers at loads the
-        engine can carry."""
-        if not self.config.first_text_priority or self.config.batching != "continuous":
-            return None
-        held = (rank(r) for r in running if r.first_token_time is not None and r.first_text_time is None)
-        return next(held, None)
+        """The best rank among `running` (in rank order) with its first token out but its text held back (None:
+        none). Not during a prefill: holding others then idles the budget and refuses lower tiers too early."""
+        on = self.config.first_text_priority and self.config.batching == "continuous"
+        return next((rank(r) for r in running if on and r.first_token_time and r.first_text_time is None), None)
 
     def _prefill_held(self, request: Request) -> bool:
-        """A prefill chunk of this request waits: a request ranked above it has its first token out but its
-        first text held back, and a step's time is mostly its prefill tokens, so the steps it still needs run
-        short (one ranked below it in its own tier waits too: under overload the steps are mostly that tier's)."""
+        """Its prefill waits: one ranked above (its tier's too: overload steps are mostly its) holds back its text."""
         return self._first_text_rank is not None and rank(request) > self._first_text_rank
 
     def _serve_running(self, behind: list[Request], above: Request | None, budget: int,
@@ -373,9 +352,8 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self._note_blocks(request, seq)
         self.running.append(request)
-        if (held := self._pending_first_text([request])) is not None:  # swapped in with its first text held
-            ranks = [r for r in (self._first_text_rank, held) if r is not None]
-            self._first_text_rank = min(ranks)  # those ranked below it, served after it this step, hold back too
+        if (held := self._pending_first_text([request])) is not None:  # swapped in with its text held: those
+            self._first_text_rank = min(held, self._first_text_rank or held)  # served after it hold back too
         return "", self._schedule_request(request, budget, out)
 
     def _slots_for_admission(self, request: Request, leader: Sequence, first_chunk: int) -> int:

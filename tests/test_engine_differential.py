@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.block_manager import kv_blocks_alone
 from engine.errors import CapacityExceededError
-from engine.scheduler import kv_blocks_alone
 from tests.helpers import run_engine
 
 pytestmark = pytest.mark.timeout(600)

@@ -246,10 +246,10 @@ def test_admission_flags():
 
 
 def test_response_shapes():
-    t = types.SimpleNamespace(queue_ms=1.23456, prefill_ms=2.0, decode_ms=3.0, tier="basic")
+    t = types.SimpleNamespace(queue_ms=1.23456, prefill_ms=2.0, decode_ms=3.0, tier="basic", held_ms=41.00049)
     body = full_response(
         "chat", "id", 1, "tiny", "basic", [(0, "hi", "stop")], usage(3, 1), timing_dict(t, "basic")
     )
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-    assert body["timing"] == {"queue_ms": 1.235, "prefill_ms": 2.0, "decode_ms": 3.0, "tier": "basic"}
+    assert body["timing"] == {"queue_ms": 1.235, "prefill_ms": 2.0, "decode_ms": 3.0, "tier": "basic", "held_ms": 41.0}
