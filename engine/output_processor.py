@@ -77,11 +77,17 @@ class OutputProcessor:
         them goes out (a tokenizer that cannot tell which tokens those are holds back text ending in U+FFFD).
         """
         ids = seq.output_ids
-        tail = 0 if final else self.tokenizer.incomplete_tail(ids)
-        end = max(seq.read_offset, len(ids) - (tail or 0))
+        end = len(ids)
+        after = self.tokenizer.decode(ids[seq.prefix_offset :])
+        if not final and after.endswith("\ufffd"):  # an incomplete character always decodes to U+FFFD
+            tail = self.tokenizer.incomplete_tail(ids)
+            if tail is None:
+                return ""
+            if tail:
+                end = max(seq.read_offset, end - tail)
+                after = self.tokenizer.decode(ids[seq.prefix_offset : end])
         before = self.tokenizer.decode(ids[seq.prefix_offset : seq.read_offset])
-        after = self.tokenizer.decode(ids[seq.prefix_offset : end])
-        if len(after) <= len(before) or (tail is None and not final and after.endswith("\ufffd")):
+        if len(after) <= len(before):
             return ""
         seq.prefix_offset, seq.read_offset = seq.read_offset, end
         return after[len(before) :]

@@ -136,8 +136,9 @@ class Scheduler:
     def _pending_first_text(self, running: list[Request]) -> tuple | None:
         """The best rank among `running` (in rank order) with its first token out but its text held back (None:
         none). Not during a prefill: holding others then idles the budget and refuses lower tiers too early."""
-        on = self.config.first_text_priority and self.config.batching == "continuous"
-        return next((rank(r) for r in running if on and r.first_token_time and r.first_text_time is None), None)
+        if not self.config.first_text_priority or self.config.batching != "continuous":
+            return None
+        return next((rank(r) for r in running if r.first_token_time and r.first_text_time is None), None)
 
     def _prefill_held(self, request: Request) -> bool:
         """Its prefill waits: one ranked above (its tier's too: overload steps are mostly its) holds back its text."""

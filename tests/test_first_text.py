@@ -77,11 +77,9 @@ def test_random_byte_streams_stream_the_same_text_and_hold_at_most_a_character()
 def test_first_text_time_and_held_ms_in_the_timing():
     engine = Engine(EngineConfig(model="tiny"))
     rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
-    first_text = None
     while engine.has_unfinished_requests():
-        for out in engine.step():
-            if first_text is None and (out.finished or any(c.new_text for c in out.outputs)):
-                first_text = out
+        outs = engine.step()
+    out = outs[-1]  # the last step's: the request's finish
     t = out.timing
     assert out.request_id == rid and t.first_text_time is not None
     assert t.first_token_time <= t.first_text_time <= t.finished_time
@@ -182,14 +180,14 @@ def _prefill_progress(first_text_priority: bool, held_steps: int = 3) -> list[in
     engine.step()  # its first 256-token chunk
     prem = engine.add_request([7, 8, 9], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True), tier="premium")
     engine.scheduler.rebatch_due = True
-    computed = []
-    for i in range(8):
-        engine.step()
-        if i == 0:  # taken from the inbox at this step
-            std_req, prem_req = engine.requests[std], engine.requests[prem]
-            assert prem_req.first_token_time is not None  # premium prefilled in this step
-        if i < held_steps:
+    engine.step()  # premium, taken from the inbox, prefills
+    std_req, prem_req = engine.requests[std], engine.requests[prem]
+    assert prem_req.first_token_time is not None
+    computed = [std_req.seqs[0].num_computed]
+    for i in range(1, 8):
+        if i <= held_steps:
             prem_req.first_text_time = None  # its text is still held back
+        engine.step()
         computed.append(std_req.seqs[0].num_computed)
     return computed
 

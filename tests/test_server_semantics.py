@@ -80,6 +80,18 @@ def test_vllm_per_request_metrics_map_onto_queue_prefill_decode():
     assert bd["p50_front_end_ms"] == 4.5 and bd["mean_front_end_ms"] == 4.5
 
 
+def test_the_engines_held_first_text_is_its_own_part_not_the_networks():
+    """held_ms (the reference engine's first token -> first text) is recorded and taken out of network."""
+    timing = {"queue_ms": 10, "prefill_ms": 20, "decode_ms": 3}
+    plain, _ = _feed([_chat({"content": "a"}, finish="stop", timing=timing), "[DONE]"])  # TTFT 100 ms
+    held, _ = _feed([_chat({"content": "a"}, finish="stop", timing={**timing, "held_ms": 30.0}), "[DONE]"])
+    assert held.server["held_ms"] == 30.0
+    assert latency.breakdown([plain])["mean_network_ms"] == pytest.approx(70.0)
+    assert "p50_held_ms" not in latency.breakdown([plain])
+    bd = latency.breakdown([held])
+    assert bd["mean_network_ms"] == pytest.approx(40.0) and bd["p99_held_ms"] == 30.0
+
+
 def test_responses_api_events():
     ev = [{"type": "response.created", "response": {"status": "in_progress"}},
           {"type": "response.reasoning_summary_text.delta", "delta": "think"},

@@ -281,8 +281,9 @@ def breakdown(records: Sequence[Any], histogram_means: Mapping[str, Any] | None 
             out[f"mean_{part}_ms"] = float(np.mean(vals)) if vals else None
             out[f"p50_{part}_ms"] = percentile(vals, 50)
             out[f"p99_{part}_ms"] = percentile(vals, 99)
-        # the server front end's own share of network (the reference engine reports it), where given
-        for key in ("front_end", "held"):  # the first text held back after the first token, where given
+        # the reference engine's own parts, where given: its front end's share (within network) and its first
+        # text held back after the first token (taken out of network above)
+        for key in ("front_end", "held"):
             vals = [float(_get(r, "server")[f"{key}_ms"]) for r in timed if f"{key}_ms" in _get(r, "server")]
             if vals:
                 out.update({f"mean_{key}_ms": float(np.mean(vals)), f"p50_{key}_ms": percentile(vals, 50),
