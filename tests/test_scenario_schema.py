@@ -220,6 +220,35 @@ def test_engine_option_table_matches_the_engine():
     assert set(ENGINE_OPTIONS) == flags - {"host", "port"}, set(ENGINE_OPTIONS) ^ (flags - {"host", "port"})
 
 
+def test_embedded_engine_keeps_the_scenarios_ttft_promises():
+    """The engine's admission refuses by its own promises; started for a scenario it takes the tiers'
+    TTFT SLOs (long-prompt-burst: 600 / 1500 ms, not the engine's 300 / 800), unless the engine section or
+    --engine-opt sets them; the flags reach the server's config, unnamed tiers keeping its defaults."""
+    import argparse
+
+    pytest.importorskip("torch")
+    from engine.server import add_server_arguments
+    from engine.server_args import config_from_args
+    from loadgen.commands.plan import engine_shape
+    from loadgen.target.embedded import engine_args
+
+    burst = load_scenario(REPO / "scenarios" / "long-prompt-burst.yaml")
+    opts = burst.engine_options()
+    assert opts["tier_ttft_slo_ms"] == {"premium": 600.0, "standard": 1500.0}
+    assert opts["prefill_chunk_size"] == 256  # the engine section is kept
+    cfg = config_from_args(add_server_arguments(argparse.ArgumentParser()).parse_args(engine_args(opts)))
+    assert cfg.tier_ttft_slo_ms == {"premium": 600.0, "standard": 1500.0}
+    assert engine_shape(opts, None).tier_ttft_slo_ms == {"premium": 600.0, "standard": 1500.0}
+
+    own = {"premium": 200.0}
+    assert burst.engine_options([("tier_ttft_slo_ms", own)])["tier_ttft_slo_ms"] == own
+    assert engine_shape({"tier_ttft_slo_ms": own}, None).tier_ttft_slo_ms == {"premium": 200.0, "standard": 800.0}
+    s = parse_scenario(yaml.safe_load(GOOD.replace("max_num_seqs: 16", "tier_ttft_slo_ms: {premium: 100}")))
+    assert s.engine_options()["tier_ttft_slo_ms"] == {"premium": 100}
+    no_ttft = parse_scenario(yaml.safe_load(GOOD.replace("ttft_ms", "e2el_ms")))
+    assert "tier_ttft_slo_ms" not in no_ttft.engine_options()
+
+
 def test_spread_ties_and_trace_scaling():
     from loadgen.workload.shaping import scale_specs, spread_ties
     from loadgen.workload.specs import BlockPrompt, RequestSpec

@@ -230,10 +230,10 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
     wall0 = time.monotonic()
     engine = None
     log = log or (lambda _m: None)
+    engine_opts = engine_opts if engine_opts is not None else scn.engine_options()
     try:
         if not target:
-            engine = EmbeddedEngine(engine_opts if engine_opts is not None else scn.engine,
-                                    log_path=run_dir / "engine.log")
+            engine = EmbeddedEngine(engine_opts, log_path=run_dir / "engine.log")
             log(f"starting the reference engine on {engine.url} ...")
             t_eng = time.monotonic()
             target = engine.start()
@@ -243,7 +243,7 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
         meta = run_metadata("capacity", run_dir.name, scenario={"name": scn.name, "path": scenario_path or scn.source},
                             target=None if engine else target, started_at=started_at)
         meta["target"] = target if not engine else f"embedded reference engine ({target})"
-        meta["engine"] = (engine_opts if engine_opts is not None else scn.engine) if engine else None
+        meta["engine"] = engine_opts if engine else None
         meta["engine_start_s"] = engine_start_s
         meta["driver"] = driver
         meta["workers"] = workers

@@ -55,7 +55,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     except (ScenarioError, ValueError) as e:
         raise UsageError(str(e)) from None
     run_dir = run_dir_from(args, scn.name)
-    engine_opts = {**scn.engine, **dict(args.engine_opt or [])}
+    engine_opts = scn.engine_options(args.engine_opt)
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
         res = run_capacity(scn, run_dir, target=target, engine_opts=engine_opts, model=args.model or scn.model,

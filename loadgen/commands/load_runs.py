@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     return execute_load_run(args, LoadRun(
         specs, name=scn.name, target=args.target or scn.target, model=args.model or scn.model,
-        engine_opts={**scn.engine, **dict(args.engine_opt)}, goodput=scn.goodput, tier_slos=scn.tier_slos,
+        engine_opts=scn.engine_options(args.engine_opt), goodput=scn.goodput, tier_slos=scn.tier_slos,
         workers=args.workers or scn.workers, max_connections=pick(args.max_connections, scn.max_connections),
         lateness_bound_ms=pick(args.lateness_bound_ms, scn.lateness_bound_ms),
         concurrency=scn.arrivals.concurrency if scn.arrivals and scn.arrivals.closed else 0,

@@ -107,8 +107,12 @@ def engine_shape(opts: dict[str, Any], kv_tokens: int | None):
     from loadgen.planning.simulate import EngineShape
 
     names = {f.name for f in dataclasses.fields(EngineConfig)}
+    kwargs = {k: v for k, v in opts.items() if k in names}
+    for name in ("max_waiting_per_tier", "tier_ttft_slo_ms"):  # as the server does: unnamed tiers keep defaults
+        if isinstance(kwargs.get(name), dict):
+            kwargs[name] = {**getattr(EngineConfig(), name), **kwargs[name]}
     try:
-        cfg = EngineConfig(**{k: v for k, v in opts.items() if k in names})
+        cfg = EngineConfig(**kwargs)
     except (TypeError, ValueError) as e:
         raise UsageError(f"engine options: {e}") from None
     pool = cfg.num_kv_blocks * cfg.block_size if cfg.num_kv_blocks else cfg.kv_cache_tokens
@@ -176,7 +180,7 @@ def build(args: argparse.Namespace) -> dict:
         raise UsageError("need 0 < --mem-util <= 1, --overhead-ms >= 0 and --target-rps > 0")
     scn = load_scenario(args.scenario, args.set)
     check_scenario(scn)
-    engine_opts = {**scn.engine, **dict(args.engine_opt or [])}
+    engine_opts = scn.engine_options(args.engine_opt)
     headroom = scn.headroom if args.headroom is None else args.headroom
     if not 0 <= headroom < 1:
         raise UsageError(f"--headroom must be in [0, 1), got {headroom}")

@@ -58,6 +58,7 @@ Mooncake's 3 s buckets, are spread evenly over that many trace seconds instead o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,17 @@ class Scenario:
         q = self.step.quantile if self.step else 0.99
         return {t: [SLO(k, float(v), self.tier_quantiles.get(t, q)) for k, v in self.tier_slos.get(t, {}).items()]
                 for t in self.tiers}
+
+    def engine_options(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The embedded engine's options: the ``engine`` section with ``overrides`` (``--engine-opt``) on top,
+        and, unless one of them sets ``tier_ttft_slo_ms``, the promises its admission keeps taken from the
+        tiers' TTFT SLOs. Left at the engine's own (premium 300 ms, standard 800 ms) they would make it
+        refuse requests that a scenario with looser promises would accept, and the rating measure that."""
+        opts = {**self.engine, **dict(overrides or {})}
+        promises = {t: float(s["ttft_ms"]) for t, s in self.tier_slos.items() if "ttft_ms" in s and t in self.tiers}
+        if promises and "tier_ttft_slo_ms" not in opts:
+            opts["tier_ttft_slo_ms"] = promises
+        return opts
 
     def build(self) -> tuple[list[RequestSpec], dict[str, Any]]:
         """The request specs of this scenario and a description of the workload for the summary."""
