@@ -92,3 +92,37 @@ def test_theory_plan_on_a_spec_sheet_accelerator(tmp_path):
     assert plan["tp"] == 1
     assert th["closed_form"]["kv_pool_tokens"] == 426_784  # tests/test_plan_theory.py's figure
     assert th["rated_rps"] > 0 and th["replicas"] >= 1
+
+
+def test_a_capacity_run_gets_the_prediction_in_its_report(tmp_path):
+    """--capacity-run leaves prediction.json in the run folder and redraws its report with the predicted
+    curve beside the steps and the theory-only error; a capacity report without it says how to get one."""
+    from loadgen.report import write_report
+
+    from .test_report_fixtures import make_capacity_run
+
+    run = make_capacity_run(tmp_path / "cap")
+    assert "no prediction.json" in write_report(run).read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    for st in summary["steps"]:  # the judged quantiles a capacity run records
+        for tier, thr in (("premium", 300.0), ("standard", 800.0)):
+            e = st["tiers"][tier]
+            e["judged"] = {"ttft_ms": {"value_ms_q": e["p99_ttft_ms"], "threshold_ms": thr, "n": e["requests"]}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    args = parse(str(REPO / "scenarios" / "chat.yaml"), "--hardware", "H100", "--requests", "600", "--draws", "1",
+                 "--model", "layers=32,hidden=4096,heads=32,kv_heads=8,intermediate=14336,vocab=128256",
+                 "--capacity-run", str(run))
+    assert cmd_plan(args) == 0
+    pred = json.loads((run / "prediction.json").read_text())
+    measured = summary["rated_capacity"]["rate_rps"]
+    th = pred["predicted"]["theory"]
+    assert pred["measured_rated_rps"] == measured
+    assert th["error"] == pytest.approx(th["rated_rps"] / measured - 1)
+    loads = [q["load"] for q in th["curve"]]
+    assert loads == sorted(loads) and {s["load"] for s in summary["steps"]} <= set(loads)  # the steps' loads too
+    assert [s["quantiles_ms"]["premium"]["ttft_ms"] for s in pred["steps"]] == \
+        [s["tiers"]["premium"]["p99_ttft_ms"] for s in sorted(summary["steps"], key=lambda s: s["load"])]
+    html = (run / "report.html").read_text()
+    assert "Predicted against measured" in html and "no prediction.json" not in html
+    assert f"{100 * th['error']:+.1f}%" in html
+    assert "measured: premium p99 TTFT" in html and "theory: premium p99 TTFT" in html  # the figure's traces

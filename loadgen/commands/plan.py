@@ -5,7 +5,8 @@ hardware profile (``--hardware``: a spec-sheet accelerator, or ``host``: measure
 memory, KV, batch, step times and throughput; ``--calibrate URL`` (or ``embedded``: the scenario's own
 engine, started here) fits the step time to a running target instead. For each step model a discrete-event
 simulation of the scenario on the engine's scheduler predicts the rated capacity; ``--target-rps`` turns it
-into replicas and GPUs; ``--capacity-run DIR`` sets the prediction beside a measured capacity run. The
+into replicas and GPUs; ``--capacity-run DIR`` sets the prediction beside a measured capacity run (and
+leaves it in the run folder, ``prediction.json``, whose ``report.html`` then draws it beside the steps). The
 engine is imported here only (loadgen reaches it from its commands): its presets, its config reader and
 ``EngineConfig``'s defaults.
 """
@@ -59,7 +60,8 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--target-rps", type=float, help="a load to plan for: replicas and GPUs to carry it")
     p.add_argument("--headroom", type=float, help="share of capacity held back (default: the scenario's)")
     p.add_argument("--capacity-run", type=Path, metavar="RUN_DIR",
-                   help="a slobench capacity run folder to compare the prediction with")
+                   help="a slobench capacity run folder to compare the prediction with; writes "
+                        "RUN_DIR/prediction.json and redraws RUN_DIR/report.html with the predicted curve")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario value")
     p.add_argument("--engine-opt", action="append", type=engine_opt, metavar="KEY=VALUE",
                    help="an engine option over the scenario's engine section (repeatable)")
@@ -224,6 +226,12 @@ def build(args: argparse.Namespace) -> dict:
         plan["comparison"] = compare(summary, preds, {k: m["rated_rps"] for k, m in plan["models"].items()})
     for m in plan["models"].values():
         m.pop("predictor", None)
+    if args.capacity_run is not None:
+        from loadgen.planning.compare import write_prediction
+        from loadgen.report import auto_report
+
+        print(f"prediction: {write_prediction(args.capacity_run, plan, slos_of(scn))}", file=sys.stderr)
+        auto_report(args.capacity_run)  # the run's report, redrawn with the predicted curve
     if args.json:
         from loadgen.results.rundir import write_json
 

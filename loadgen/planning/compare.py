@@ -1,6 +1,7 @@
 """A prediction beside a measured ``slobench capacity`` run: the run folder's steps (each at the rate it
 offered, with each tier's judged SLO quantiles), the predicted quantiles at those loads, and the rated
-capacity's error, theory-only and calibrated."""
+capacity's error, theory-only and calibrated. ``write_prediction`` leaves it in the run folder
+(``prediction.json``), where the run's HTML report finds it and draws the predicted curve beside the steps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from loadgen.planning.predict import Predictor
 from loadgen.planning.requests import PlanError
-from loadgen.results.rundir import SUMMARY
+from loadgen.results.rundir import PREDICTION, SUMMARY, write_json
 
 
 def read_capacity_run(run_dir: str | Path) -> dict:
@@ -71,3 +72,22 @@ def compare(summary: dict, predictors: dict[str, Predictor], rated: dict[str, fl
                                   "at_steps": at_steps,
                                   "median_quantile_ratio": sorted(ratios)[len(ratios) // 2] if ratios else None}
     return out
+
+
+def write_prediction(run_dir: str | Path, plan: dict, slos: dict) -> Path:
+    """``prediction.json`` in the capacity run's folder: per predictor its rated capacity, error and curve
+    (the plan's points and those at the measured steps' loads, by load); the SLOs, the measured steps
+    (``measured_steps``) and rating."""
+    cmp_ = plan["comparison"]
+    doc: dict = {"scenario": plan["scenario"], "model": plan["model"].get("name"), "tp": plan["tp"],
+                 "hardware": (plan.get("hardware") or {}).get("name"), "measured_rated_rps": cmp_["measured_rated_rps"],
+                 "slos": {t: [{"metric": s.metric, "threshold_ms": s.threshold_ms, "quantile": s.quantile} for s in ss]
+                          for t, ss in slos.items()}, "steps": cmp_["steps"], "predicted": {}}
+    for name, m in plan["models"].items():
+        p = cmp_["predicted"][name]
+        pts = sorted([*m.get("curve", []), *p["at_steps"]], key=lambda q: q["load"])
+        doc["predicted"][name] = {"rated_rps": m["rated_rps"], "error": p["error"],
+                                  "median_quantile_ratio": p["median_quantile_ratio"], "curve": pts}
+    path = Path(run_dir) / PREDICTION
+    write_json(path, doc)
+    return path

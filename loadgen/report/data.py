@@ -18,7 +18,7 @@ import pandas as pd
 
 from loadgen.results import latency
 from loadgen.results.records import read_records
-from loadgen.results.rundir import read_metrics
+from loadgen.results.rundir import PREDICTION, read_metrics
 from loadgen.results.summary import request_frame, summarize
 
 RECORD_COLUMNS = ("id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s",
@@ -39,6 +39,7 @@ class RunData:
     metrics: pd.DataFrame  # index t (s since the run start), one column per scraped series
     config: dict[str, Any] = field(default_factory=dict)
     summary_rebuilt: bool = False  # summary.json was missing or unreadable: rebuilt from the records
+    prediction: dict[str, Any] | None = None  # prediction.json (``slobench plan --capacity-run``), if any
 
     @property
     def run_id(self) -> str:
@@ -124,7 +125,10 @@ def load_run(path: str | Path) -> RunData:
         summary = summarize(records, metrics=samples)
         summary["run_id"] = p.name
     config = _read_json(p / "config.json") or {}
-    return RunData(p, summary, records_frame(records), metrics_frame(samples), config, rebuilt)
+    prediction = _read_json(p / PREDICTION)
+    if not isinstance((prediction or {}).get("predicted"), dict):
+        prediction = None  # not one slobench plan wrote: the report goes without it
+    return RunData(p, summary, records_frame(records), metrics_frame(samples), config, rebuilt, prediction)
 
 
 # ------------------------------------------------------------------ derived views

@@ -217,6 +217,9 @@ def render_report(run: d.RunData) -> str:
     pl.add("ttft_cdf", "TTFT CDF", P.cdf(run, "ttft"), none_ok)
     pl.add("itl_cdf", "ITL CDF", P.cdf(run, "itl"), none_ok if run.ok.empty else
            "no request streamed more than one chunk")
+    if run.is_capacity:
+        pl.add("prediction", "Predicted against measured", P.prediction(run),
+               "no prediction.json: `slobench plan SCENARIO --calibrate ... --capacity-run THIS_FOLDER` puts one here")
     hfig, missing = P.health(run)
     pl.add("health", "Service health", hfig, "no records and no scraped metrics")
     step_tiers = P._tier_sort({t for s in steps for t in (s.get("tiers") or {})})
@@ -229,6 +232,7 @@ def render_report(run: d.RunData) -> str:
                                               if (st.get("breakdown") or {}).get("source")})),
         "steps": steps, "step_tiers": step_tiers, "axis": d.load_axis(run)[0],
         "tiers": d.tier_table(run), "errors": d.errors_table(run), "meta": _meta(run),
+        "prediction": run.prediction,
         "health_missing": [] if hfig is None and not missing else missing, "has_metrics": not run.metrics.empty,
     }
     return _env().get_template("report").render(**ctx)

@@ -99,6 +99,56 @@ def load_vs_ttft(run: d.RunData, steps: list[dict]) -> go.Figure | None:
     return f
 
 
+def prediction(run: d.RunData) -> go.Figure | None:
+    """``slobench plan``'s predicted SLO quantiles against load (a line per predictor and SLO: theory dotted,
+    calibrated solid) beside the measured steps' judged quantiles (circle: pass, x: fail), the SLO lines
+    and the predicted and measured ratings. Values over 10x their threshold (or failed: inf) sit at 10x."""
+    pred = run.prediction
+    if not pred:
+        return None
+    slos = {t: [s for s in ss if isinstance(s, dict)] for t, ss in (pred.get("slos") or {}).items()}
+    colors = tier_colors(slos)
+    f = _fig("Predicted and measured SLO quantiles against load", xaxis_title="load (requests/s)",
+             yaxis_title="ms (capped at 10x the SLO)")
+
+    def capped(v, thr: float) -> float | None:
+        v = _num(v)
+        return None if v is None else min(v, 10 * thr)
+
+    for tier, ss in slos.items():
+        for s in ss:
+            metric, thr = str(s.get("metric")), _num(s.get("threshold_ms")) or 0.0
+            label = f"{tier} p{100 * float(s.get('quantile') or 0.99):g} {metric[:-3].upper()}"
+            for name, p in (pred.get("predicted") or {}).items():
+                pts = [(q["load"], capped(((q.get("quantiles_ms") or {}).get(tier) or {}).get(metric), thr))
+                       for q in p.get("curve") or [] if _num(q.get("load")) is not None]
+                pts = [(x, y) for x, y in pts if y is not None]
+                if pts:
+                    f.add_trace(go.Scatter(x=[x for x, _ in pts], y=[y for _, y in pts], mode="lines",
+                                           name=f"{name}: {label}", line=dict(color=colors[tier],
+                                                                             dash="solid" if name == "calibrated"
+                                                                             else "dot")))
+            meas = [(st["load"], capped(((st.get("quantiles_ms") or {}).get(tier) or {}).get(metric), thr),
+                     st.get("passed")) for st in pred.get("steps") or [] if _num(st.get("load")) is not None]
+            meas = [m for m in meas if m[1] is not None]
+            if meas:
+                f.add_trace(go.Scatter(x=[m[0] for m in meas], y=[m[1] for m in meas], mode="markers",
+                                       name=f"measured: {label}", marker=dict(
+                                           color=colors[tier], size=9,
+                                           symbol=["circle" if m[2] else "x" for m in meas])))
+            f.add_hline(y=thr, line=dict(color=colors[tier], dash="dash", width=1),
+                        annotation_text=f"{tier} SLO {thr:g} ms", annotation_position="top left")
+    for name, p in (pred.get("predicted") or {}).items():
+        if _num(p.get("rated_rps")) is not None:
+            f.add_vline(x=p["rated_rps"], line=dict(color="#777", width=1, dash="solid" if name == "calibrated"
+                                                    else "dot"),
+                        annotation_text=f"{name} {p['rated_rps']:.3g}", annotation_position="bottom right")
+    if _num(pred.get("measured_rated_rps")) is not None:
+        f.add_vline(x=pred["measured_rated_rps"], line=dict(color="#000", width=2),
+                    annotation_text=f"measured {pred['measured_rated_rps']:.3g}", annotation_position="top right")
+    return f
+
+
 def breakdown(run: d.RunData, steps: list[dict]) -> go.Figure | None:
     """Mean queue / prefill / network / decode time per step, stacked."""
     rows = [s for s in steps if isinstance(s.get("breakdown"), dict)

@@ -117,6 +117,16 @@ REPORT = r"""
 <p class="note">TTFT = queue + prefill + network/frontend (TTFT measured by the client minus the server's queue and
 prefill); decode = the rest of the request on the server.{% if breakdown_source %} Source: {{ breakdown_source }}
 (timing: the target's per-request timing; metrics: deltas of the scraped vLLM histograms).{% endif %}</p></section>
+{% if plots_by.prediction %}<section><h2>Predicted against measured</h2>{{ plot(plots_by.prediction) }}
+{% if prediction %}<table><tr><th class="l">prediction ({{ prediction.model }} · {{ prediction.hardware or "calibrated"
+}} · tp {{ prediction.tp }})</th><th>rated req/s</th><th>measured req/s</th><th>error</th>
+<th>predicted / measured quantile (median over steps)</th></tr>
+{% for name, p in prediction.predicted.items() %}<tr><td class="l">{{ name }}</td><td>{{ num(p.rated_rps) }}</td>
+<td>{{ num(prediction.measured_rated_rps) }}</td><td>{% if p.error is not none %}{{ "%+.1f"|format(100 * p.error)
+}}%{% else %}–{% endif %}</td><td>{{ num(p.median_quantile_ratio) }}</td></tr>{% endfor %}</table>
+<p class="note">From prediction.json, written by <code>slobench plan --capacity-run</code>: theory-only (a roofline of
+the hardware profile) and calibrated (the step time fitted by a probe of the target) predictions of the
+simulation of the scenario, against this run's offered-rate rating.</p>{% endif %}</section>{% endif %}
 <section><h2>Latency distributions</h2><div class="grid2"><div>{{ plot(plots_by.ttft_cdf) }}</div>
 <div>{{ plot(plots_by.itl_cdf) }}</div></div></section>
 <section><h2>Service health over the run</h2>{{ plot(plots_by.health) }}

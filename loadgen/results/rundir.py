@@ -13,6 +13,7 @@ import numpy as np
 from loadgen.results.records import read_records
 
 REQUESTS, METRICS, SUMMARY, CONFIG = "requests.jsonl", "metrics.jsonl", "summary.json", "config.json"
+PREDICTION = "prediction.json"  # a capacity run's: ``slobench plan --capacity-run`` writes it, the report shows it
 
 
 def new_run_id(name: str) -> str:
