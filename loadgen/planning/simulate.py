@@ -13,7 +13,9 @@ blocks are held once while any running request uses them and, with prefix cachin
 once computed. Admission at arrival: a full tier queue (``max_waiting_per_tier``) or, in ``slo`` mode, an
 estimated TTFT over ``admission_target_frac`` of the tier's promise refuses the request (an infinite
 latency for the SLO rule), with the estimate ``engine/admission.py`` makes from the simulated engine's own
-measured turnover, prefill rate and step time.
+measured turnover, prefill rate and step time, times its tail factor (learned from the simulated requests'
+own TTFTs); a queued request that has not started by its shed deadline (the engine's share of the
+promise less its own steps) is shed, refused too.
 
 Steps are priced by a :class:`~loadgen.planning.step_model.StepModel`; a run of pure decode steps with
 nothing to admit is priced in one vectorised go up to the next finish or arrival, so the simulation is
@@ -37,6 +39,7 @@ TIER_RANK = {"premium": 0, "standard": 1, "basic": 2}  # anything else (no tier)
 TIERS = ("premium", "standard", "basic")
 # the EWMA weights and window of engine/admission.py, so the simulated admission estimates as the engine does
 RESIDENCE_ALPHA, PREFILL_ALPHA, PREFILL_WINDOW_S, STEP_ALPHA, ARRIVAL_ALPHA = 0.05, 0.2, 0.1, 0.1, 0.05
+TAIL_QUANTILE, TAIL_STEP, TAIL_FACTOR_BOUNDS = 0.99, 0.05, (0.5, 20.0)  # its tail factor's, likewise
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class _Admission:
         self.gap: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.prompt: dict[str, float] = {}
+        self.tail: dict[str, float] = {}  # the tail factor per tier (1 until an outcome moves it)
 
     @staticmethod
     def ewma(old, x, a):
@@ -121,6 +125,27 @@ class _Admission:
             self.gap[tier] = self.ewma(self.gap.get(tier), max(t - self.last[tier], 1e-6), ARRIVAL_ALPHA)
         self.last[tier] = t
         self.prompt[tier] = self.ewma(self.prompt.get(tier), float(prompt), ARRIVAL_ALPHA)
+
+    def outcome(self, tier: str, ttft_s: float | None) -> None:
+        """An accepted request's TTFT (None: shed) moves its tier's tail factor, as the engine's does."""
+        slo = self.eng.tier_ttft_slo_ms.get(tier)
+        if self.eng.admission != "slo" or not slo:
+            return
+        miss = ttft_s is None or ttft_s > self.eng.admission_target_frac * slo / 1e3
+        k = self.tail.get(tier, 1.0) * math.exp(TAIL_STEP * (float(miss) - (1.0 - TAIL_QUANTILE)))
+        self.tail[tier] = min(max(k, TAIL_FACTOR_BOUNDS[0]), TAIL_FACTOR_BOUNDS[1])
+
+    def own_steps(self, prompt: int) -> int:
+        """The step under way, then the request's prefill chunks."""
+        chunk = self.eng.chunk
+        return 1 + (-(-prompt // chunk) if chunk else 1)
+
+    def shed_deadline_s(self, tier: str, prompt: int) -> float | None:
+        """How long a queued request may wait unstarted before it is shed (None: never)."""
+        slo = self.eng.tier_ttft_slo_ms.get(tier)
+        if self.eng.admission != "slo" or not slo:
+            return None
+        return self.eng.admission_target_frac * slo / 1e3 - (self.step or 0.0) * self.own_steps(prompt)
 
     def rate(self, tier: str, t: float) -> float:
         if tier not in self.gap:
@@ -143,9 +168,7 @@ class _Admission:
         if self.prefill_rate and toks:
             left = self.prefill_rate - sum(self.rate(a, t) * self.prompt.get(a, 0.0) for a in above)
             wait = max(wait, toks / left if left > 0 else math.inf)
-        chunk = self.eng.chunk
-        steps = 1 + (-(-prompt // chunk) if chunk else 1)
-        return wait, wait + (self.step or 0.0) * steps
+        return wait, wait + (self.step or 0.0) * self.own_steps(prompt)
 
 
 def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> SimResult:
@@ -194,12 +217,30 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
                 pending[rr] += n_in[j] - computed[j]
             toks = [a + b for a, b in zip(wtokens, pending, strict=True)]
             wait, ttft = adm.ttft_s(r, n_in[i], t, [len(q) for q in waiting], toks, rslots, kv_blocked)
-            if wait > 0 and ttft > eng.admission_target_frac * slo / 1e3:
+            if wait > 0 and ttft * adm.tail.get(tier, 1.0) > eng.admission_target_frac * slo / 1e3:
                 rejected[i] = True
                 return
         adm.on_admitted(tier, n_in[i], t)
         waiting[r].append(i)
         wtokens[r] += n_in[i]
+
+    def shed_at(i: int) -> float:
+        deadline = adm.shed_deadline_s(tiers[i], n_in[i])
+        return math.inf if deadline is None else arrive[i] + deadline
+
+    def shed_late() -> float:
+        """Shed every queued request past its deadline (each queue in arrival order, up to the first one
+        with time left, as the engine does); the next deadline after that."""
+        nxt_shed = math.inf
+        for r, q in enumerate(waiting):
+            while q and shed_at(q[0]) < t:
+                i = q.popleft()
+                wtokens[r] -= n_in[i]
+                rejected[i] = True
+                adm.outcome(tiers[i], None)
+            if q:
+                nxt_shed = min(nxt_shed, shed_at(q[0]))
+        return nxt_shed
 
     def finish(i: int) -> None:
         nonlocal kv_used, rebatch_due, kv_blocked
@@ -250,6 +291,7 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
         while nxt < n and arrive[nxt] <= t:
             enqueue(nxt)
             nxt += 1
+        next_shed = shed_late()
         queued = any(waiting)
         if not running and not queued:
             if nxt >= n:
@@ -263,8 +305,9 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
             k = min(n_out[i] - gen[i] for _, i in running)
             ctx = sum(n_in[i] + gen[i] for _, i in running) + m * np.arange(k)
             cum = t + np.cumsum(model.step_s(m, m, ctx, ctx))
-            if nxt < n and arrive[nxt] < cum[-1]:
-                k = int(np.searchsorted(cum, arrive[nxt])) + 1
+            until = min(arrive[nxt] if nxt < n else math.inf, next_shed)  # an arrival or a shedding changes things
+            if until < cum[-1]:
+                k = int(np.searchsorted(cum, until)) + 1
             adm.on_step(float(cum[k - 1] - t) / k, 0, k)
             t, step = float(cum[k - 1]), step + k
             for _, i in list(running):
@@ -304,6 +347,7 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
                 if computed[i] < n_in[i]:
                     continue
                 first[i] = t
+                adm.outcome(tiers[i], t - arrive[i])
             gen[i] += 1
             if gen[i] >= n_out[i]:
                 finish(i)
