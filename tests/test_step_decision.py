@@ -184,6 +184,27 @@ def test_search_section_options_are_validated(tmp_path):
             plan(tmp_path, bad)
 
 
+def test_a_step_is_long_enough_for_its_quantile(tmp_path):
+    """A p99 over fewer than 100 requests is a lower quantile: the step is lengthened (open loop) until each
+    judged tier has that many planned requests after the longest warm-up, at most max_step_duration_s."""
+    from loadgen.capacity.early_stop import min_samples, step_length_s
+
+    pl = plan(tmp_path)  # 20 s steps, 2 s warm-up (4 s at most), p99: 100 requests, at most 80 s
+    assert min_samples(pl, "standard") == 100 and pl.step.max_step_duration_s == 80.0
+    busy = [(2.0 + i * 0.05, "standard") for i in range(1000)]  # 20 req/s: 360 in the window already
+    assert step_length_s(pl, busy) == 20.0
+    slow = [(i * 0.25, "standard") for i in range(400)]  # 4 req/s: the 100th after 4 s comes at 28.75 s
+    assert step_length_s(pl, slow) == pytest.approx(28.875)  # halfway to the next
+    assert step_length_s(pl, slow[:40]) == 80.0  # never enough: the longest step
+    assert step_length_s(pl, busy + [(a, "basic") for a, _ in slow[:40]]) == 20.0  # a tier with no SLO needs none
+    p90 = plan(tmp_path, ", quantile: 0.9, max_step_duration_s: 25")
+    assert min_samples(p90, "standard") == 10 and step_length_s(p90, slow) == 20.0
+    assert step_length_s(plan(tmp_path, ", max_step_duration_s: 25"), slow) == 25.0
+    assert step_length_s(plan(tmp_path, ", min_samples: 0"), slow) == 20.0
+    with pytest.raises(ScenarioError, match="search.max_step_duration_s"):
+        plan(tmp_path, ", max_step_duration_s: 10")
+
+
 def test_runs_of_exceedances_and_the_effective_sample_size():
     from loadgen.results.sequential import clusters, effective_n
     flags = np.array([0, 1, 1, 0, 1, 0, 0, 0, 1, 0], dtype=bool)

@@ -23,12 +23,16 @@ request still waiting the time it has waited, a lower bound). A step is decided 
   ones, ``effective_n``), is under ``pass_margin`` x its threshold. A heuristic, *not* error-bounded (far
   below the knee there is nothing more to learn; the bench gives its false-pass rate at the threshold);
   bisection steps, near the knee, never use it.
-- **cap**: none of these by ``step_duration_s``: the point estimate on the whole window judges, and the
-  step says it was undecided.
+- **cap**: none of these by the step's length: the point estimate on the whole window judges, and the
+  step says it was undecided. The length is ``step_duration_s``, or longer (``step_length_s``, up to
+  ``max_step_duration_s``) until the window holds ``min_samples`` planned requests of every judged tier
+  (default 1 / (1 - quantile): 100 for a p99). Fewer would make the judged "p99" a lower quantile (of 40
+  requests, their maximum: some p97.5) and rate a load too high; the runs it decides are the slow ones.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,6 +46,31 @@ from loadgen.results.sequential import SequentialTest, clusters, effective_n
 from loadgen.results.slo import breach_certain
 
 CLEAR_PASS_MIN = 30  # settled requests before a step may pass early
+
+
+def min_samples(plan: CapacityPlan, tier: str) -> int:
+    """The planned requests of ``tier`` a step's window should hold (0: no rule)."""
+    if plan.step.min_samples is not None:
+        return plan.step.min_samples
+    return math.ceil(1.0 / (1.0 - plan.quantile(tier)) - 1e-9)
+
+
+def step_length_s(plan: CapacityPlan, arrivals: Sequence[tuple[float, str]]) -> float:
+    """How long a step sends, its arrivals ``(time from the step's start, tier)`` planned up to
+    ``max_step_duration_s``: ``step_duration_s``, or past the arrival that gives every judged tier
+    ``min_samples`` requests after the longest warm-up (halfway to the next), at most ``max_step_duration_s``."""
+    opts = plan.step
+    length = opts.step_duration_s
+    for tier, slos in plan.slos.items():
+        need = min_samples(plan, tier) if slos else 0
+        if need <= 0:
+            continue
+        times = sorted(a for a, t in arrivals if t == tier and a >= opts.max_warmup_s)
+        if len(times) < need:
+            length = opts.max_step_duration_s
+        else:  # halfway to the next arrival: the last one needed is still sent inside the window if it is late
+            length = max(length, (times[need - 1] + times[need]) / 2 if len(times) > need else times[need - 1] + 1e-3)
+    return min(length, opts.max_step_duration_s)
 
 
 def min_window_s(plan: CapacityPlan) -> float:

@@ -3,8 +3,10 @@
 - One driver (``drivers.base.Driver``), one scraper and one clock (``t0``) for the whole run:
   ``requests.jsonl`` holds every step's records with ``stage`` = the step index, ``metrics.jsonl`` the
   scrape, both on the run's time axis, so a report can always be rebuilt from the folder alone.
-- A step's requests are built for its cap, ``step_duration_s``. Its warm-up lasts at least ``warmup_s``
-  and goes on while the in-flight count still rises (``capacity.steady``), at most ``max_warmup_s``;
+- A step's requests are built for its cap, ``step_duration_s``, lengthened (open loop) until its window
+  holds enough requests of each judged tier for its quantile (``early_stop.step_length_s``). Its warm-up
+  lasts at least ``warmup_s`` and goes on while the in-flight count still rises (``capacity.steady``), at
+  most ``max_warmup_s``;
   requests scheduled before the window starts are never judged. Then ``capacity.early_stop`` looks at
   the window every ``look_interval_s`` until the step is decided (a certain breach, the sequential test's
   breach or pass, a ramp step's clear pass: it stops sending) or the cap ends it undecided (judged on
@@ -26,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from loadgen.capacity.early_stop import StepLooks
+from loadgen.capacity.early_stop import StepLooks, step_length_s
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import StepResult
 from loadgen.capacity.steady import SteadyState
@@ -131,6 +133,10 @@ class CapacityRunner:
         plan, driver = self.plan, self.driver
         await self._settle()
         dur = plan.step.step_duration_s  # the cap: a step decided sooner stops sending then
+        if not plan.closed and plan.step.max_step_duration_s > dur:  # long enough for each tier's quantile?
+            longest = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, plan.step.max_step_duration_s,
+                                 draw=draw)
+            dur = step_length_s(plan, [(s.arrival_s, s.tier or "none") for s in longest])
         specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur, draw=draw)  # before the clock
         if self.prepared is not None:
             self.prepared.adapt(specs)  # text prompts for a target that takes only text
@@ -183,7 +189,7 @@ class CapacityRunner:
             st.decision, st.decided_by, st.samples = d.kind, d.by, d.samples
             st.stop_reason = st.stop_reason or d.reason
         elif st.stop_reason is None:
-            st.stop_reason = "undecided at the cap (step_duration_s): judged on the point estimate"
+            st.stop_reason = "undecided at the cap (the step's length): judged on the point estimate"
 
     async def _settle(self) -> None:
         """Wait until the target has nothing running or waiting (two scrapes in a row, in its own gauges'

@@ -39,6 +39,8 @@ search:                    # for ``slobench capacity`` (see loadgen/capacity/)
   alpha_spending: pocock   # pocock | obrien_fleming | linear
   look_interval_s: 0.5     # the sequential test looks this often
   decluster_run: 2         # exceedances at most this many requests apart count as one (breach side)
+  min_samples: null        # each judged tier's requests a step's window holds at least (default 1/(1-quantile):
+  max_step_duration_s: null  # 100 for a p99), the step lengthened for it up to this (default 4 x step_duration_s)
   max_steps: 12
   min_load: null           # never_met below it (default start / growth^2; 1 user)
   max_load: null           # never_broke above it (default start * growth^(max_steps - 1))

@@ -68,10 +68,18 @@ class StepOptions:
     alpha_spending: str = "pocock"  # pocock | obrien_fleming | linear (Bonferroni over equal looks)
     look_interval_s: float = 0.5  # the sequential test looks this often
     decluster_run: int = 2  # breach side: exceedances at most this many requests apart count as one (0: off)
+    # A step's window (after max_warmup_s) holds at least this many planned requests of each judged tier (open
+    # loop): a p99 of 40 requests is their maximum, some p97.5, and rates a load too high. None: 1 / (1 -
+    # quantile), 100 for a p99; 0: off. The step is lengthened for it up to max_step_duration_s (None: 4 x
+    # step_duration_s).
+    min_samples: int | None = None
+    max_step_duration_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_warmup_s is None:
             self.max_warmup_s = max(self.warmup_s, min(2.0 * self.warmup_s, self.step_duration_s / 2.0))
+        if self.max_step_duration_s is None:
+            self.max_step_duration_s = 4.0 * self.step_duration_s
         if self.alpha_spending not in SPENDING:
             raise ValueError(f"alpha_spending must be one of {', '.join(SPENDING)}, got {self.alpha_spending!r}")
 

@@ -169,7 +169,12 @@ def _parse_search(node: MappingNode) -> tuple[SearchConfig, StepOptions]:
         alpha_spending=node.get("alpha_spending", str, "pocock", choices=SPENDING),
         look_interval_s=node.get("look_interval_s", float, 0.5, positive=True),
         decluster_run=node.get("decluster_run", int, 2, min_value=0),
+        min_samples=node.get("min_samples", (int, type(None)), None, min_value=0),
+        max_step_duration_s=node.get("max_step_duration_s", (float, type(None)), None, positive=True),
     )
+    if step.max_step_duration_s < step.step_duration_s:
+        raise ScenarioError(f"search.max_step_duration_s: expected at least step_duration_s "
+                            f"({step.step_duration_s:g}), found {step.max_step_duration_s:g}")
     if not step.warmup_s < step.step_duration_s:
         raise ScenarioError(f"search.warmup_s: expected less than step_duration_s ({step.step_duration_s:g}), "
                             f"found {step.warmup_s:g}")
