@@ -126,3 +126,17 @@ def test_a_capacity_run_gets_the_prediction_in_its_report(tmp_path):
     assert "Predicted against measured" in html and "no prediction.json" not in html
     assert f"{100 * th['error']:+.1f}%" in html
     assert "measured: premium p99 TTFT" in html and "theory: premium p99 TTFT" in html  # the figure's traces
+
+
+def test_the_probe_covers_the_scenarios_longest_prompt():
+    """By default the probe adds the scenario's longest prompt (at most 4096 tokens) when a prefill chunk
+    cannot hold it, so the fit sees a long prompt's later chunks; --probe-prefill replaces the lengths."""
+    from loadgen.commands.plan import probe_plan
+
+    args = parse("scenarios/long-prompt-burst.yaml", "--hardware", "host")
+    assert probe_plan(args, 256, 1024).prefill_lengths == (32, 128, 256, 1024)
+    assert probe_plan(args, 256, 1024).chunk == 256
+    assert probe_plan(args, 256, 100_000).prefill_lengths[-1] == 4096
+    assert probe_plan(args, 256, 200).prefill_lengths == probe_plan(args, None, 1024).prefill_lengths == (32, 128, 256)
+    own = parse("scenarios/long-prompt-burst.yaml", "--hardware", "host", "--probe-prefill", "64,512")
+    assert probe_plan(own, 256, 1024).prefill_lengths == (64, 512)

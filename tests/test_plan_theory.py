@@ -100,3 +100,24 @@ def test_every_accelerator_has_its_spec_sheet_figures():
     assert hardware.lookup("h200").bandwidth_bytes_s == 4.8e12
     with pytest.raises(KeyError, match="unknown hardware"):
         hardware.lookup("tpu")
+
+
+def test_a_long_prompts_probe_point_sums_its_chunks_steps():
+    """A prompt longer than the prefill chunk is several steps, each chunk attending to what came before:
+    1,024 tokens in 256-token chunks are 4 steps, 1,024 new tokens and sum 256 x (256 k + 128.5) pairs."""
+    from loadgen.planning.probe import prefill_features
+
+    assert prefill_features(1024, 256) == (4.0, 4.0, 1024.0, 256 * sum(256 * k + 128.5 for k in range(4)))
+    assert prefill_features(100, 256) == prefill_features(100, None) == (1.0, 1.0, 100.0, 100 * 101 / 2)
+    assert prefill_features(300, 256) == (2.0, 2.0, 300.0, 256 * 128.5 + 44 * (256 + 22.5))
+
+
+def test_the_longest_length_a_distribution_draws():
+    from loadgen.workload.synthetic import LengthDist
+
+    assert LengthDist("empirical", values=[48, 1024, 96]).longest == 1024  # not the unbounded default max
+    assert LengthDist("fixed", value=128).longest == 128
+    assert LengthDist("uniform", min=24, max=96).longest == 96
+    assert LengthDist("lognormal", mean=96, sigma=0.5, max=512).longest == 397  # its 99.9th percentile
+    assert LengthDist("lognormal", mean=96, sigma=0.5, max=300).longest == 300
+    assert LengthDist("normal", mean=100, std=10).longest == 131

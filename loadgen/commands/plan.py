@@ -24,6 +24,7 @@ from typing import Any
 from loadgen.commands.common import EXIT_FAIL, EXIT_OK, UsageError, engine_opt
 
 DEFAULT_PROBE = "1,8,32"
+MAX_PROBE_PROMPT = 4096  # the longest prompt the probe sends (its steps are timed one by one)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -70,7 +71,8 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="the simulation's seed (default: the scenario's)")
     p.add_argument("--probe-batches", type=_ints, default=_ints(DEFAULT_PROBE), help="probe batch sizes (1,8,32)")
     p.add_argument("--probe-contexts", type=_ints, default=_ints("64,384"), help="probe decode prompt lengths")
-    p.add_argument("--probe-prefill", type=_ints, default=_ints("32,128,256"), help="probe prefill prompt lengths")
+    p.add_argument("--probe-prefill", type=_ints, help="probe prefill prompt lengths (default 32,128,256 and the "
+                   "scenario's longest prompt, up to 4096, when it is longer than the engine's prefill chunk)")
     p.add_argument("--probe-output", type=int, default=32, help="probe tokens per decode request (32)")
     p.add_argument("--probe-rounds", type=int, default=3, help="requests per probe user (3)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the plan as JSON")
@@ -122,22 +124,28 @@ def engine_shape(opts: dict[str, Any], kv_tokens: int | None):
     return EngineShape(**{k: getattr(cfg, k) for k in fields}, kv_tokens=kv_tokens or pool)
 
 
-def probe_plan(args: argparse.Namespace):
+def probe_plan(args: argparse.Namespace, chunk: int | None = None, longest: int = 0):
+    """The probe's points; ``chunk`` the engine's prefill chunk, ``longest`` the scenario's longest prompt
+    (probed too, chunk by chunk, when longer than a chunk: a long prompt's later chunks attend to more)."""
     from loadgen.planning.probe import ProbePlan
 
+    prefill = args.probe_prefill
+    if prefill is None:
+        prefill = (32, 128, 256) + ((min(longest, MAX_PROBE_PROMPT),) if chunk and longest > chunk else ())
     try:
         return ProbePlan(batches=args.probe_batches, contexts=args.probe_contexts, output_tokens=args.probe_output,
-                         prefill_lengths=args.probe_prefill, rounds=args.probe_rounds)
+                         prefill_lengths=tuple(prefill), rounds=args.probe_rounds, chunk=chunk)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
 
-def run_calibration(args: argparse.Namespace, engine_opts: dict[str, Any], model: str | None):
+def run_calibration(args: argparse.Namespace, engine_opts: dict[str, Any], model: str | None,
+                    chunk: int | None = None, longest: int = 0):
     """The probe against ``--calibrate`` (a URL, or the scenario's engine started here)."""
     from loadgen.planning.probe import calibrate
     from loadgen.target.embedded import EmbeddedEngine
 
-    plan = probe_plan(args)
+    plan = probe_plan(args, chunk, longest)
     with tempfile.TemporaryDirectory(prefix="slobench-plan-") as tmp:
         if args.calibrate == "embedded":
             with EmbeddedEngine(engine_opts, log_path=Path(tmp) / "engine.log") as url:
@@ -201,7 +209,7 @@ def build(args: argparse.Namespace) -> dict:
     from_memory = hw is not None and not host and not configured  # a real accelerator: the pool is its memory
     tp = args.tp or 1
     if from_memory and args.tp is None:
-        need = int(max(scn.synthetic.input_len.max, 1) + max(scn.synthetic.output_len.max, 1))
+        need = scn.synthetic.input_len.longest + scn.synthetic.output_len.longest
         tp = theory.smallest_tp(shape.weights_bytes, shape.kv_bytes_per_token, hw.memory_bytes,
                                 min(need, 1 << 20), args.mem_util) or 8
     pool = theory.kv_pool_tokens(shape.weights_bytes, shape.kv_bytes_per_token, hw.memory_bytes, tp,
@@ -214,7 +222,8 @@ def build(args: argparse.Namespace) -> dict:
         models["theory"] = Roofline(shape, hw, tp, args.overhead_ms / 1e3)
     calibration = None
     if args.calibrate is not None:
-        calibration = run_calibration(args, engine_opts, scn.model)
+        calibration = run_calibration(args, engine_opts, scn.model, engine_shape(engine_opts, pool).chunk,
+                                      scn.synthetic.input_len.longest)
         models["calibrated"] = calibration.model
     inp = PlanInputs(scn, shape, engine_shape(engine_opts, pool), hw, tp, args.target_rps, headroom,
                      requests=args.requests, draws=args.draws, seed=scn.seed if args.seed is None else args.seed)

@@ -5,8 +5,10 @@ Decode points: ``batch`` closed-loop users each send ``rounds`` requests of a fi
 ``output_tokens`` tokens (EOS ignored), so about ``batch`` sequences decode together; a request's decode
 step is its decode time / (tokens - 1), and what its steps carried is read off the records themselves (the
 sequences decoding beside it, the prompts prefilled meanwhile), so a refused request (429) or a user
-still prefilling does not count as batch it was not. Prefill points: one user at a time sends prompts of a few lengths
-(within one prefill chunk) for a single token; the prefill time is one step with that many new tokens.
+still prefilling does not count as batch it was not. Prefill points: one user at a time sends prompts of a
+few lengths for a single token; the prefill time is one step with that many new tokens, or, for a prompt
+longer than the engine's prefill chunk (``chunk``), its chunks' steps, each over the prefix computed before
+it (so the fit sees attention over a cached prefix, which a long prompt's later chunks pay for).
 Times are the server's own per-request timing where the records carry it (``server``: the reference
 engine's timing object, vLLM's per-request metrics), else the client's (TTFT; time from the first to the
 last token), which then include the network. Each point's mean is one observation (the model is linear, so
@@ -40,7 +42,8 @@ class ProbePlan:
     batches: tuple[int, ...] = (1, 8, 32)
     contexts: tuple[int, ...] = (64, 384)  # decode points' prompt lengths
     output_tokens: int = 32
-    prefill_lengths: tuple[int, ...] = (32, 128, 256)  # at most one prefill chunk each
+    prefill_lengths: tuple[int, ...] = (32, 128, 256)  # longer than ``chunk``: several steps, summed
+    chunk: int | None = None  # the engine's prefill chunk (None: a prompt is prefilled in one step)
     rounds: int = 3  # requests per user at a decode point
     prefill_repeats: int = 6
 
@@ -87,8 +90,9 @@ class Calibration:
                                                     "predicted_s": self.predicted(o)} for o in self.observations]}
 
     def predicted(self, o: Observation) -> float:
-        _, n_seq, n_tok, pairs = o.features
-        return float(self.model.step_s(n_seq, n_tok, 0, pairs))
+        """The model's time for the observation's steps (several for a chunked prefill: its features sum)."""
+        m = self.model
+        return float(np.dot([m.const_s, m.per_seq_s, m.per_token_s, m.per_pair_s], o.features))
 
 
 def points(plan: ProbePlan) -> list[Point]:
@@ -134,14 +138,14 @@ def measure(target: str, plan: ProbePlan, work_dir: Path, model: str | None = No
     for r in read_records(path):
         if r.get("status") == "ok":
             by_stage.setdefault(int(r["stage"]), []).append(r)
-    obs = [o for i, pt in enumerate(pts) if (o := observe(pt, by_stage.get(i, []))) is not None]
+    obs = [o for i, pt in enumerate(pts) if (o := observe(pt, by_stage.get(i, []), plan.chunk)) is not None]
     return obs, wall
 
 
-def observe(pt: Point, records: list[dict]) -> Observation | None:
+def observe(pt: Point, records: list[dict], chunk: int | None = None) -> Observation | None:
     """One point's mean step (decode) or prefill time and the mean features of the steps it spans."""
     if pt.kind == "prefill":
-        return _observe_prefill(pt, records)
+        return _observe_prefill(pt, records, chunk)
     rows = []
     for r in records:
         srv = r.get("server") or {}
@@ -173,7 +177,19 @@ def observe(pt: Point, records: list[dict]) -> Observation | None:
     return Observation(pt, float(np.mean(ys)), mean, len(rows), src)
 
 
-def _observe_prefill(pt: Point, records: list[dict]) -> Observation | None:
+def prefill_features(prompt: float, chunk: int | None) -> tuple[float, float, float, float]:
+    """[steps, sequences, new tokens, attention pairs] summed over a lone prompt's prefill steps: one
+    step, or one per chunk, each chunk of k tokens after c computed ones attending to k x (c + (k + 1) / 2)."""
+    size = max(int(round(prompt)), 1)
+    step = chunk if chunk and chunk < size else size
+    feats = np.zeros(4)
+    for c in range(0, size, step):
+        k = min(step, size - c)
+        feats += (1.0, 1.0, k, k * (c + (k + 1) / 2))
+    return tuple(float(x) for x in feats)
+
+
+def _observe_prefill(pt: Point, records: list[dict], chunk: int | None) -> Observation | None:
     vals, lens, sources = [], [], set()
     for r in records:
         srv = r.get("server") or {}
@@ -189,7 +205,7 @@ def _observe_prefill(pt: Point, records: list[dict]) -> Observation | None:
     if not vals:
         return None
     c = float(np.mean(lens))
-    return Observation(pt, float(np.mean(vals)), (1.0, 1.0, c, c * (c + 1) / 2), len(vals), " + ".join(sorted(sources)))
+    return Observation(pt, float(np.mean(vals)), prefill_features(c, chunk), len(vals), " + ".join(sorted(sources)))
 
 
 def fit(obs: list[Observation]) -> tuple[LinearStep, float, list[str]]:

@@ -34,6 +34,22 @@ class LengthDist:
         if self.dist == "empirical" and len(self.values) == 0:
             raise ValueError("empirical distribution needs a non-empty 'values'")
 
+    @property
+    def longest(self) -> int:
+        """The longest length it draws in practice: the largest value (fixed, uniform, empirical), or for
+        the unbounded ones the 99.9th percentile (normal: mean + 3.09 std; lognormal: its own), within max."""
+        if self.dist == "fixed":
+            top = float(self.value)
+        elif self.dist == "empirical":
+            top = float(max(self.values))
+        elif self.dist == "normal":
+            top = self.mean + 3.09 * self.std
+        elif self.dist == "lognormal":
+            top = float(np.exp(np.log(self.mean) - self.sigma**2 / 2 + 3.09 * self.sigma))
+        else:
+            top = float(self.max)
+        return int(min(max(round(top), self.min, 1), self.max))
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if self.dist == "fixed":
             x = np.full(n, float(self.value))
