@@ -25,8 +25,8 @@ def serving_engine(config, engine_core: str = "thread"):
     return EngineCoreClient(config) if engine_core == "process" else Engine(config)
 
 
-def slobench(*args, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env=ENV,
+def slobench(*args, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loadgen.cli", *map(str, args)], cwd=REPO, env={**ENV, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -111,6 +111,29 @@ def test_calibrate_end_to_end_writes_the_calibration_section(tmp_path):
     assert (tmp_path / "run" / "mock.log").read_text().startswith("mock server on")
 
 
+@pytest.mark.slow
+def test_a_stalled_step_is_measured_again_and_the_rating_holds(tmp_path):
+    """The load generator stalled for 0.6 s in the ramp's 8 req/s step (the SLOBENCH_INJECT_STALL hook): that
+    step is disturbed, measured again and decides nothing; the run stays valid, and the rating is the one
+    the same search gives undisturbed (same seed, same steps), within the search's tolerance."""
+    args = ("calibrate", REPO / "scenarios" / "calibrate.yaml", "--no-progress", "--no-report", "--truth-requests",
+            4000, "--truth-seeds", 1, "--ideal-seeds", 1, "--set", "search.step_duration_s=2.5", "--set",
+            "search.warmup_s=0.5", "--set", "search.tolerance=0.25", "--set", "search.max_steps=8")
+    calm = slobench(*args, "--out", tmp_path / "calm", timeout=180)
+    stalled = slobench(*args, "--out", tmp_path / "stalled", timeout=180, env={"SLOBENCH_INJECT_STALL": "1:1.5:0.6"})
+    assert calm.returncode == 0 and stalled.returncode == 0, stalled.stderr[-3000:]
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("calm", "stalled"))
+    assert not any(st["disturbed"] for st in a["steps"])
+    hit = b["steps"][1]
+    assert hit["load"] == 8 and hit["disturbed"] and hit["counted"] is False and "lateness" in hit["disturbance"]
+    again = [st for st in b["steps"] if st.get("remeasured_of") == 1]
+    assert len(again) == 1 and again[0]["load"] == 8 and again[0]["attempt"] == 2 and again[0]["counted"]
+    assert not again[0]["disturbed"]
+    assert b["verdict"] == "rated" and b["valid"]
+    rated = (a["rated_capacity"]["rate_rps"], b["rated_capacity"]["rate_rps"])
+    assert abs(rated[1] / rated[0] - 1) <= 0.25, rated
+
+
 @pytest.mark.parametrize("args, words", [
     (["--slots", "0"], "slots"),
     (["--itl-ms", "-1"], "itl_ms"),

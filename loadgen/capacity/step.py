@@ -17,12 +17,17 @@
 - The monitor also measures its own event loop's lag (how late a 0.1 s sleep wakes): with the client's
   lateness it says whether the load generator fell behind (``disturbed``); ``capacity.step_stats``
   computes the step's figures.
+- A test hook stalls the load generator on purpose: ``SLOBENCH_INJECT_STALL=INDEX:AT_S:FOR_S`` blocks this
+  process's event loop for FOR_S seconds, AT_S seconds into step INDEX (its first measurement only: the
+  re-measure runs undisturbed), as a machine's hiccup would; the tests and the calibration bench use it
+  to check that such a step is measured again instead of deciding the search.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,6 +51,21 @@ from loadgen.scenario.steps import step_specs
 from loadgen.target.prepare import PreparedTarget
 from loadgen.target.scrape import Scraper, find_metrics_page, scrape_once
 from loadgen.workload.sharing import PrefixShare
+
+STALL_ENV = "SLOBENCH_INJECT_STALL"
+
+
+def injected_stall(index: int) -> tuple[float, float] | None:
+    """(at_s, for_s) when ``SLOBENCH_INJECT_STALL`` asks to stall step ``index`` (the test hook above)."""
+    spec = os.environ.get(STALL_ENV, "")
+    try:
+        step, at_s, for_s = spec.split(":")
+        if int(step) == index:
+            return float(at_s), float(for_s)
+    except ValueError:
+        if spec:
+            raise ValueError(f"{STALL_ENV}={spec!r}: expected INDEX:AT_S:FOR_S, e.g. 1:4:0.5") from None
+    return None
 
 
 class StepRecordWriter(RecordWriter):
@@ -157,6 +177,9 @@ class CapacityRunner:
         es = es and driver.in_flight() is not None  # deciding early needs the requests in flight too
         looks: list[StepLooks] = []  # the window's looks, once the warm-up is over
         mon = asyncio.ensure_future(self._monitor(st, arrivals, es, base, looks))
+        stall = injected_stall(index)
+        if stall is not None:
+            asyncio.get_running_loop().call_later(max(0.0, start + stall[0] - self.clock()), time.sleep, stall[1])
         wall0 = time.monotonic()
         try:
             await driver.run(specs, t0=self.t0, stage=index, concurrency=concurrency,
