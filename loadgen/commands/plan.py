@@ -74,7 +74,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--probe-prefill", type=_ints, help="probe prefill prompt lengths (default 32,128,256 and the "
                    "scenario's longest prompt, up to 4096, when it is longer than the engine's prefill chunk)")
     p.add_argument("--probe-output", type=int, default=32, help="probe tokens per decode request (32)")
-    p.add_argument("--probe-rounds", type=int, default=3, help="requests per probe user (3)")
+    p.add_argument("--probe-rounds", type=int, default=5, help="requests per probe user (5)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the plan as JSON")
     p.add_argument("--plot", type=Path, metavar="FILE", help="write a plotly HTML plot of the predicted curves")
     p.set_defaults(cmd="plan")

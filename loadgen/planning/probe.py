@@ -11,10 +11,10 @@ longer than the engine's prefill chunk (``chunk``), its chunks' steps, each over
 it (so the fit sees attention over a cached prefix, which a long prompt's later chunks pay for).
 Times are the server's own per-request timing where the records carry it (``server``: the reference
 engine's timing object, vLLM's per-request metrics), else the client's (TTFT; time from the first to the
-last token), which then include the network. Each point's mean is one observation (the model is linear, so
-means map onto means); the fit is a least squares (numpy) of step time on [1, sequences, new tokens,
-attention pairs], weighted to relative error, with no coefficient below zero (a negative one is dropped
-and the rest refitted).
+last token), which then include the network. Each decode point's mean is one observation (the model is
+linear, so means map onto means), each prefill point's median (its requests are alike: a pause is noise);
+the fit is a least squares (numpy) of step time on [1, sequences, new tokens, attention pairs], weighted to
+relative error, with no coefficient below zero (a negative one is dropped and the rest refitted).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ class ProbePlan:
     output_tokens: int = 32
     prefill_lengths: tuple[int, ...] = (32, 128, 256)  # longer than ``chunk``: several steps, summed
     chunk: int | None = None  # the engine's prefill chunk (None: a prompt is prefilled in one step)
-    rounds: int = 3  # requests per user at a decode point
-    prefill_repeats: int = 6
+    rounds: int = 5  # requests per user at a decode point
+    prefill_repeats: int = 10
 
     def __post_init__(self) -> None:
         if not self.batches or min(self.batches) < 1 or not self.contexts or min(self.contexts) < 1:
@@ -205,7 +205,10 @@ def _observe_prefill(pt: Point, records: list[dict], chunk: int | None) -> Obser
     if not vals:
         return None
     c = float(np.mean(lens))
-    return Observation(pt, float(np.mean(vals)), prefill_features(c, chunk), len(vals), " + ".join(sorted(sources)))
+    # the median: every request here has the same features, and one that met a pause (a collection, the
+    # machine's other process) would move a mean by a fifth of a short prompt's prefill
+    return Observation(pt, latency.quantile(vals, 0.5), prefill_features(c, chunk), len(vals),
+                       " + ".join(sorted(sources)))
 
 
 def fit(obs: list[Observation]) -> tuple[LinearStep, float, list[str]]:
