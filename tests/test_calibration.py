@@ -130,6 +130,9 @@ def test_a_stalled_step_is_measured_again_and_the_rating_holds(tmp_path):
     assert len(again) == 1 and again[0]["load"] == 8 and again[0]["attempt"] == 2 and again[0]["counted"]
     assert not again[0]["disturbed"]
     assert b["verdict"] == "rated" and b["valid"]
+    # bisection and confirming steps run until their window holds 100 requests (p99), 2.5 s or more
+    capped = [st for st in a["steps"] if st["phase"] != "ramp" and st["decided_by"] == "cap"]
+    assert capped and all(st["requests"] >= 100 for st in capped)
     rated = (a["rated_capacity"]["rate_rps"], b["rated_capacity"]["rate_rps"])
     assert abs(rated[1] / rated[0] - 1) <= 0.25, rated
 

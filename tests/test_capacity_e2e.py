@@ -89,9 +89,8 @@ def test_target_too_fast_never_broke_and_records_have_stages(mock_server, tmp_pa
     recs = read_records(tmp_path / "run" / "requests.jsonl")
     stages = {x["stage"] for x in recs}
     assert stages == {0, 1, 2}
-    # 5 and 10 req/s: the window is lengthened for 100 requests (p99), at most 4 x 2.5 s; 20 req/s: 100 of them
-    assert [st["samples"]["standard"]["ttft_ms"] >= 100 for st in s["steps"]] == [False, False, True]
-    assert [round(st["window_s"][1] - st["start_s"], 1) for st in s["steps"]][:2] == [10.0, 10.0]
+    # ramp steps keep step_duration_s however few their requests (bisection and confirming steps are lengthened)
+    assert [round(st["window_s"][1] - st["start_s"], 1) for st in s["steps"]] == [2.5, 2.5, 2.5]
     for st in s["steps"]:  # the measured window lies inside its own stage, warm-up excluded
         w0, w1 = st["window_s"]
         mine = [x for x in recs if x["stage"] == st["index"]]

@@ -24,7 +24,8 @@ request still waiting the time it has waited, a lower bound). A step is decided 
   below the knee there is nothing more to learn; the bench gives its false-pass rate at the threshold);
   bisection steps, near the knee, never use it.
 - **cap**: none of these by the step's length: the point estimate on the whole window judges, and the
-  step says it was undecided. The length is ``step_duration_s``, or longer (``step_length_s``, up to
+  step says it was undecided. The length is ``step_duration_s``, or for a bisection or confirming step
+  longer (``step_length_s``, up to
   ``max_step_duration_s``) until the window holds ``min_samples`` planned requests of every judged tier
   (default 1 / (1 - quantile): 100 for a p99). Fewer would make the judged "p99" a lower quantile (of 40
   requests, their maximum: some p97.5) and rate a load too high; the runs it decides are the slow ones.

@@ -3,8 +3,10 @@
 - One driver (``drivers.base.Driver``), one scraper and one clock (``t0``) for the whole run:
   ``requests.jsonl`` holds every step's records with ``stage`` = the step index, ``metrics.jsonl`` the
   scrape, both on the run's time axis, so a report can always be rebuilt from the folder alone.
-- A step's requests are built for its cap, ``step_duration_s``, lengthened (open loop) until its window
-  holds enough requests of each judged tier for its quantile (``early_stop.step_length_s``). Its warm-up
+- A step's requests are built for its cap, ``step_duration_s``; a bisection or confirming step's (open
+  loop) is lengthened until its window holds enough requests of each judged tier for its quantile
+  (``early_stop.step_length_s``; ramp steps far below the knee need no p99 that exact, and the bracket's
+  pass end is confirmed with one). Its warm-up
   lasts at least ``warmup_s`` and goes on while the in-flight count still rises (``capacity.steady``), at
   most ``max_warmup_s``;
   requests scheduled before the window starts are never judged. Then ``capacity.early_stop`` looks at
@@ -153,7 +155,7 @@ class CapacityRunner:
         plan, driver = self.plan, self.driver
         await self._settle()
         dur = plan.step.step_duration_s  # the cap: a step decided sooner stops sending then
-        if not plan.closed and plan.step.max_step_duration_s > dur:  # long enough for each tier's quantile?
+        if not plan.closed and phase != "ramp" and plan.step.max_step_duration_s > dur:  # enough per tier?
             longest = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, plan.step.max_step_duration_s,
                                  draw=draw)
             dur = step_length_s(plan, [(s.arrival_s, s.tier or "none") for s in longest])

@@ -68,8 +68,9 @@ class StepOptions:
     alpha_spending: str = "pocock"  # pocock | obrien_fleming | linear (Bonferroni over equal looks)
     look_interval_s: float = 0.5  # the sequential test looks this often
     decluster_run: int = 2  # breach side: exceedances at most this many requests apart count as one (0: off)
-    # A step's window (after max_warmup_s) holds at least this many planned requests of each judged tier (open
-    # loop): a p99 of 40 requests is their maximum, some p97.5, and rates a load too high. None: 1 / (1 -
+    # A bisection or confirming step's window (after max_warmup_s) holds at least this many planned requests
+    # of each judged tier (open loop): a p99 of 40 requests is their maximum, some p97.5, and rates a load
+    # too high. None: 1 / (1 -
     # quantile), 100 for a p99; 0: off. The step is lengthened for it up to max_step_duration_s (None: 4 x
     # step_duration_s).
     min_samples: int | None = None
