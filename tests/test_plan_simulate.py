@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
+import pytest
 
 from loadgen.planning.requests import Requests
 from loadgen.planning.simulate import EngineShape, simulate
@@ -79,3 +80,33 @@ def test_strict_tiers_serve_premium_first():
     prem, std = res.wait_s[req.tier == "premium"], res.wait_s[req.tier == "standard"]
     assert prem.mean() < 0.5 * std.mean()
     assert not res.rejected.any()
+
+
+def test_queued_requests_past_their_deadline_are_shed_and_the_tail_factor_learns():
+    """As engine/admission.py does: a burst admitted before any rate was measured (the estimate says no
+    wait) queues behind one 1 s request; each one still waiting at the engine's share of its promise less
+    its own steps (0.8 x 300 ms - 2 steps) is shed, refused, instead of a first token seconds late; every
+    shed one raises the tier's tail factor by exp(0.05 x 0.99), one within the target lowers it."""
+    from loadgen.planning.simulate import _Admission
+
+    n = 5
+    req = Requests(arrive=np.arange(n) * 1e-3, n_in=np.ones(n, dtype=np.int64), n_out=np.full(n, STEPS),
+                   tier=np.asarray(["premium"] * n), prefix=np.full(n, -1), prefix_len=np.zeros(n, dtype=np.int64))
+    eng = EngineShape(max_num_seqs=1, rebatch_interval=1, admission="slo", kv_tokens=1 << 40,
+                      tier_ttft_slo_ms={"premium": 300.0})
+    res = simulate(req, 1.0, eng, ConstantStep(STEP_S))
+    assert res.rejected.tolist() == [False, True, True, True, True]
+    assert res.first_s[0] - res.arrive[0] == pytest.approx(STEP_S)
+    without = simulate(req, 1.0, EngineShape(max_num_seqs=1, rebatch_interval=1, admission="none",
+                                             kv_tokens=1 << 40), ConstantStep(STEP_S))
+    assert not without.rejected.any() and (without.first_s - without.arrive)[-1] > 3.9  # what shedding spares
+
+    adm = _Admission(eng)
+    adm.step = STEP_S
+    assert adm.shed_deadline_s("premium", 1) == pytest.approx(0.24 - 2 * STEP_S)
+    assert adm.shed_deadline_s("standard", 1) is None  # no promise, never shed
+    adm.outcome("premium", None)
+    assert adm.tail["premium"] == pytest.approx(np.exp(0.05 * 0.99))
+    for _ in range(2000):
+        adm.outcome("premium", 0.01)
+    assert adm.tail["premium"] == 0.5  # within the target ever after: down to its bound
