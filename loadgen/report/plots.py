@@ -7,6 +7,7 @@ why instead of drawing an empty frame.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
@@ -102,18 +103,21 @@ def load_vs_ttft(run: d.RunData, steps: list[dict]) -> go.Figure | None:
 def prediction(run: d.RunData) -> go.Figure | None:
     """``slobench plan``'s predicted SLO quantiles against load (a line per predictor and SLO: theory dotted,
     calibrated solid) beside the measured steps' judged quantiles (circle: pass, x: fail), the SLO lines
-    and the predicted and measured ratings. Values over 10x their threshold (or failed: inf) sit at 10x."""
+    and the predicted and measured ratings, over the measured steps' loads and up to 2.5x the largest SLO;
+    a value above that (or a failed request's inf) sits at the top edge."""
     pred = run.prediction
     if not pred:
         return None
     slos = {t: [s for s in ss if isinstance(s, dict)] for t, ss in (pred.get("slos") or {}).items()}
     colors = tier_colors(slos)
     f = _fig("Predicted and measured SLO quantiles against load", xaxis_title="load (requests/s)",
-             yaxis_title="ms (capped at 10x the SLO)")
+             yaxis_title="ms (the top edge: more, or failed)")
 
-    def capped(v, thr: float) -> float | None:
+    top = max((_num(s.get("threshold_ms")) or 0.0 for ss in slos.values() for s in ss), default=0.0)
+
+    def capped(v, thr: float) -> float | None:  # at the top edge: over 2.5x the largest SLO, or failed (inf)
         v = _num(v)
-        return None if v is None else min(v, 10 * thr)
+        return None if v is None else min(v, 2.45 * top if top else 10 * thr)
 
     for tier, ss in slos.items():
         for s in ss:
@@ -128,8 +132,14 @@ def prediction(run: d.RunData) -> go.Figure | None:
                                            name=f"{name}: {label}", line=dict(color=colors[tier],
                                                                              dash="solid" if name == "calibrated"
                                                                              else "dot")))
-            meas = [(st["load"], capped(((st.get("quantiles_ms") or {}).get(tier) or {}).get(metric), thr),
-                     st.get("passed")) for st in pred.get("steps") or [] if _num(st.get("load")) is not None]
+            meas = []
+            for st in pred.get("steps") or []:
+                if _num(st.get("load")) is None:
+                    continue
+                v = ((st.get("quantiles_ms") or {}).get(tier) or {}).get(metric)
+                if v is None and st.get("passed") is False:  # the summary's null quantile of a failed step: inf
+                    v = math.inf
+                meas.append((st["load"], capped(v, thr), st.get("passed")))
             meas = [m for m in meas if m[1] is not None]
             if meas:
                 f.add_trace(go.Scatter(x=[m[0] for m in meas], y=[m[1] for m in meas], mode="markers",
@@ -146,6 +156,15 @@ def prediction(run: d.RunData) -> go.Figure | None:
     if _num(pred.get("measured_rated_rps")) is not None:
         f.add_vline(x=pred["measured_rated_rps"], line=dict(color="#000", width=2),
                     annotation_text=f"measured {pred['measured_rated_rps']:.3g}", annotation_position="top right")
+    # the measured range in view (a theory-only rating several times off lies beyond it: the table gives it);
+    # latency up to 2.5x the largest SLO, where the crossings are
+    near = [st["load"] for st in pred.get("steps") or [] if _num(st.get("load")) is not None]
+    near += [x for x in (_num(pred.get("measured_rated_rps")),
+                         _num(((pred.get("predicted") or {}).get("calibrated") or {}).get("rated_rps"))) if x]
+    if near:
+        f.update_xaxes(range=[0, 1.25 * max(near)])
+    if top:
+        f.update_yaxes(range=[0, 2.5 * top])
     return f
 
 
