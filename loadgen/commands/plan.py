@@ -131,7 +131,7 @@ def probe_plan(args: argparse.Namespace, chunk: int | None = None, longest: int 
 
     prefill = args.probe_prefill
     if prefill is None:
-        prefill = (32, 128, 256) + ((min(longest, MAX_PROBE_PROMPT),) if chunk and longest > chunk else ())
+        prefill = ProbePlan().prefill_lengths + ((min(longest, MAX_PROBE_PROMPT),) if chunk and longest > chunk else ())
     try:
         return ProbePlan(batches=args.probe_batches, contexts=args.probe_contexts, output_tokens=args.probe_output,
                          prefill_lengths=tuple(prefill), rounds=args.probe_rounds, chunk=chunk)
@@ -217,15 +217,15 @@ def build(args: argparse.Namespace) -> dict:
     if pool == 0:
         raise UsageError(f"{shape.name}'s weights ({shape.weights_bytes / 1e9:.1f} GB) do not fit {tp} x {hw.name} "
                          f"at --mem-util {args.mem_util}: raise --tp")
+    eng = engine_shape(engine_opts, pool)
     models: dict[str, Any] = {}
     if hw is not None:
         models["theory"] = Roofline(shape, hw, tp, args.overhead_ms / 1e3)
     calibration = None
     if args.calibrate is not None:
-        calibration = run_calibration(args, engine_opts, scn.model, engine_shape(engine_opts, pool).chunk,
-                                      scn.synthetic.input_len.longest)
+        calibration = run_calibration(args, engine_opts, scn.model, eng.chunk, scn.synthetic.input_len.longest)
         models["calibrated"] = calibration.model
-    inp = PlanInputs(scn, shape, engine_shape(engine_opts, pool), hw, tp, args.target_rps, headroom,
+    inp = PlanInputs(scn, shape, eng, hw, tp, args.target_rps, headroom,
                      requests=args.requests, draws=args.draws, seed=scn.seed if args.seed is None else args.seed)
     plan = make_plan(inp, models)
     plan["calibration"] = calibration.as_dict() if calibration else None

@@ -28,7 +28,7 @@ import numpy as np
 from loadgen.drivers.event_loop import run_sync
 from loadgen.drivers.factory import make_driver
 from loadgen.drivers.http_request import ClientConfig
-from loadgen.planning.step_model import LinearStep
+from loadgen.planning.step_model import LinearStep, prefill_steps
 from loadgen.results import latency
 from loadgen.results.records import RecordWriter, read_records
 from loadgen.target.prepare import TargetOptions, prepare_target
@@ -178,15 +178,11 @@ def observe(pt: Point, records: list[dict], chunk: int | None = None) -> Observa
 
 
 def prefill_features(prompt: float, chunk: int | None) -> tuple[float, float, float, float]:
-    """[steps, sequences, new tokens, attention pairs] summed over a lone prompt's prefill steps: one
-    step, or one per chunk, each chunk of k tokens after c computed ones attending to k x (c + (k + 1) / 2)."""
-    size = max(int(round(prompt)), 1)
-    step = chunk if chunk and chunk < size else size
-    feats = np.zeros(4)
-    for c in range(0, size, step):
-        k = min(step, size - c)
-        feats += (1.0, 1.0, k, k * (c + (k + 1) / 2))
-    return tuple(float(x) for x in feats)
+    """[steps, sequences, new tokens, attention pairs] summed over a lone prompt's prefill steps
+    (``step_model.prefill_steps``: one step, or one per chunk)."""
+    steps = prefill_steps(max(int(round(prompt)), 1), chunk)
+    return (float(len(steps)), float(sum(s[0] for s in steps)), float(sum(s[1] for s in steps)),
+            float(sum(s[3] for s in steps)))
 
 
 def _observe_prefill(pt: Point, records: list[dict], chunk: int | None) -> Observation | None:

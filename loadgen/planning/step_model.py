@@ -80,11 +80,19 @@ def decode_step_s(model: StepModel, batch: float, context: float) -> float:
     return float(model.step_s(batch, batch, batch * context, batch * context))
 
 
+def prefill_steps(tokens: int, chunk: int | None) -> list[tuple[int, int, int, float]]:
+    """One request's prefill alone as its steps' (sequences, new tokens, KV tokens, attention pairs): chunks
+    of at most ``chunk`` tokens (None: the whole prompt in one step), each after the ``done`` computed before
+    it attending to n x (done + (n + 1) / 2) pairs."""
+    step = chunk if chunk else max(tokens, 1)
+    out, done = [], 0
+    while done < tokens:
+        n = min(step, tokens - done)
+        out.append((1, n, done + n, n * (done + (n + 1) / 2)))
+        done += n
+    return out
+
+
 def prefill_s(model: StepModel, tokens: int, chunk: int) -> float:
     """One request's prefill alone, in chunks of at most ``chunk`` tokens (one step each)."""
-    total, done = 0.0, 0
-    while done < tokens:
-        n = min(chunk, tokens - done)
-        total += float(model.step_s(1, n, done + n, n * (done + (n + 1) / 2)))
-        done += n
-    return total
+    return sum(float(model.step_s(*s)) for s in prefill_steps(tokens, chunk))
