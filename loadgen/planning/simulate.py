@@ -53,7 +53,7 @@ class EngineShape:
     block_size: int = 16
     kv_tokens: int = 65536
     enable_prefix_caching: bool = True
-    rebatch_interval: int = 4
+    rebatch_interval: int = 1
     admission: str = "slo"  # slo | queue-length | none
     tier_ttft_slo_ms: dict[str, float] = field(default_factory=dict)
     admission_target_frac: float = 0.8
