@@ -24,6 +24,7 @@ from engine.errors import (
     QueueFullError,
     SLOUnattainableError,
 )
+from engine.host_memory import keep_freed_memory
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor, build_output
@@ -43,8 +44,11 @@ class Engine:
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         default_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.dtype = getattr(torch, config.dtype) if config.dtype else default_dtype
-        if self.device.type == "cpu" and config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        if self.device.type == "cpu":
+            if config.keep_freed_host_memory:
+                keep_freed_memory()  # large step tensors reuse the heap, not fresh pages (engine/host_memory.py)
+            if config.num_threads:
+                torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         self.model, self.model_config, self.tokenizer = load_model(
             config.model, self.device, self.dtype, config.seed, use_triton=config.use_triton
@@ -280,9 +284,11 @@ class Engine:
         draws = self._draws(batch, sample_rows)
         if not draws:
             return
-        rows = torch.tensor([row for row, _ in draws], device=logits.device)
+        rows = [row for row, _ in draws]
+        if rows != list(range(logits.shape[0])):  # a copy of the logits only when rows differ (n > 1, forks)
+            logits = logits[torch.tensor(rows, device=logits.device)]
         seqs = [seq for _, seq in draws]
-        tokens = self.sampler.sample(logits[rows], seqs)
+        tokens = self.sampler.sample(logits, seqs)
         self._emit(self._append_tokens(seqs, tokens), outputs, now)
 
     def _commit_computed(self, batch: list[ScheduledSeq]) -> None:

@@ -45,10 +45,12 @@ class Sampler:
         greedy = [row for row, seq in enumerate(seqs) if seq.params.greedy]
         drawn = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
         if greedy:
-            for row, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
+            part = logits if len(greedy) == len(seqs) else logits[greedy]
+            for row, token in zip(greedy, part.argmax(dim=-1).tolist(), strict=True):
                 out[row] = token
         if drawn:
-            for row, token in zip(drawn, self._draw(logits[drawn], [seqs[r] for r in drawn]), strict=True):
+            part = logits if len(drawn) == len(seqs) else logits[drawn]
+            for row, token in zip(drawn, self._draw(part, [seqs[r] for r in drawn]), strict=True):
                 out[row] = token
         return out
 
