@@ -53,12 +53,10 @@ class EngineConfig:
     tier_ttft_slo_ms: dict[str, float] = field(default_factory=lambda: {"premium": 300.0, "standard": 800.0})
     admission_target_frac: float = 0.8  # admit while the TTFT estimate stays within this share of the promise
 
-    # Host memory
-    # Keep freed host memory in the heap (glibc's mmap and trim thresholds, engine/host_memory.py): a CPU step's
-    # large temporaries then reuse pages instead of faulting in fresh ones. Once set, for the whole process.
-    keep_freed_host_memory: bool = True
-
     # Kernels
+    # On the CPU, linear layers on weights oneDNN reordered once at load (engine/cpu_linear.py), not torch's
+    # F.linear, which repacks every weight on every call.
+    pack_cpu_weights: bool = True
     use_triton: bool | None = None  # None: on CUDA when triton imports
 
     def __post_init__(self) -> None:

@@ -16,6 +16,7 @@ import torch
 from engine.admission import AdmissionEstimator, QueueSnapshot
 from engine.block_manager import BlockManager, kv_blocks_alone
 from engine.config import TIERS, EngineConfig, normalize_tier
+from engine.cpu_linear import pack_linears
 from engine.engine_stats import collect_stats
 from engine.errors import (
     CapacityExceededError,
@@ -24,7 +25,6 @@ from engine.errors import (
     QueueFullError,
     SLOUnattainableError,
 )
-from engine.host_memory import keep_freed_memory
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor, build_output
@@ -44,15 +44,14 @@ class Engine:
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         default_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.dtype = getattr(torch, config.dtype) if config.dtype else default_dtype
-        if self.device.type == "cpu":
-            if config.keep_freed_host_memory:
-                keep_freed_memory()  # large step tensors reuse the heap, not fresh pages (engine/host_memory.py)
-            if config.num_threads:
-                torch.set_num_threads(config.num_threads)
+        if self.device.type == "cpu" and config.num_threads:
+            torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         self.model, self.model_config, self.tokenizer = load_model(
             config.model, self.device, self.dtype, config.seed, use_triton=config.use_triton
         )
+        # Prepacked oneDNN linears on the CPU (engine/cpu_linear.py); 0 where torch lacks them.
+        self.packed_linears = pack_linears(self.model) if self.device.type == "cpu" and config.pack_cpu_weights else 0
         self.model_name = config.model
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         num_blocks = config.num_kv_blocks or math.ceil(config.kv_cache_tokens / config.block_size)

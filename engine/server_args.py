@@ -71,9 +71,8 @@ _ENGINE_HELP = {
                  "(--max-waiting-per-tier)",
     "tier_ttft_slo_ms": "TTFT promises that --admission slo keeps, in ms: premium=N,standard=N,basic=N (or JSON; "
                         "0: none). Default premium=300,standard=800; basic has none",
-    "keep_freed_host_memory": "keep freed host memory in the process's heap (glibc mmap / trim thresholds): a CPU "
-                              "step's large tensors reuse pages instead of faulting in new ones "
-                              "(--no-keep-freed-host-memory: glibc's defaults)",
+    "pack_cpu_weights": "on the CPU, linear layers on weights oneDNN reordered once at load instead of torch's "
+                        "F.linear (--no-pack-cpu-weights: F.linear)",
     "admission_target_frac": "--admission slo admits while the estimated TTFT stays within this share of the "
                              "promise (the rest is for HTTP, network and client; default 0.8)",
 }

@@ -38,7 +38,7 @@ ENGINE_OPTIONS: dict[str, tuple[tuple, tuple | None]] = {
     "admission": ((str,), ("slo", "queue-length")),
     "tier_ttft_slo_ms": ((dict,), None),
     "admission_target_frac": ((float,), None),
-    "keep_freed_host_memory": ((bool,), None),
+    "pack_cpu_weights": ((bool,), None),
     "use_triton": ((bool, _opt), None),
     # server flags
     "api_key": ((str, _opt), None),

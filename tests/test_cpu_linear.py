@@ -1,0 +1,60 @@
+"""oneDNN's prepacked linears compute what nn.Linear computes, replace all of a model's layers or none."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from engine import cpu_linear
+from engine.config import EngineConfig
+from engine.cpu_linear import PackedLinear, pack_linears
+from engine.engine import Engine
+from engine.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+def small_model(dtype: torch.dtype) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Sequential(nn.Linear(96, 32, bias=False))).to(dtype)
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 5e-2)])
+def test_packed_model_matches_the_dense_one(dtype, atol):
+    dense = small_model(dtype)
+    packed = small_model(dtype)
+    assert pack_linears(packed) == 2
+    assert all(type(m) is not nn.Linear for m in packed.modules())
+    assert isinstance(packed[2][0], PackedLinear) and packed[2][0].bias is None
+    for shape in [(1, 64), (37, 64), (2, 5, 64)]:  # one row, a batch, and leading dimensions
+        x = torch.randn(shape).to(dtype)
+        with torch.inference_mode():
+            want, got = dense(x).float(), packed(x).float()
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=atol, rtol=atol)
+
+
+def test_nothing_changes_when_a_layer_disagrees(monkeypatch):
+    model = small_model(torch.float32)
+    monkeypatch.setattr(cpu_linear, "TOLERANCE", -1.0)  # every check fails
+    assert pack_linears(model) == 0
+    assert [type(m) for m in model.modules()].count(nn.Linear) == 2
+
+
+def test_nothing_changes_without_onednn(monkeypatch):
+    model = small_model(torch.float32)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert pack_linears(model) == 0
+    assert [type(m) for m in model.modules()].count(nn.Linear) == 2
+
+
+def test_the_engine_generates_the_same_tokens_packed_or_not():
+    prompts = [[5, 17, 99, 3] * 6, [42] * 30, list(range(10, 60))]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    packed = Engine(EngineConfig(model="tiny"))
+    dense = Engine(EngineConfig(model="tiny", pack_cpu_weights=False))
+    assert packed.packed_linears == 4 * 4 + 1 and dense.packed_linears == 0  # 4 per layer and the output layer
+    got = [o.token_ids for o in packed.generate(prompts, params)]
+    want = [o.token_ids for o in dense.generate(prompts, params)]
+    assert got == want
