@@ -1,0 +1,212 @@
+"""The engine on a GPU, every figure the engine-speed issue asks for in one run (prepared; see "Status" below).
+
+1. **Greedy parity**: the Triton paged-attention path against the torch reference, same weights, same prompts
+   (mixed lengths, a shared prefix so that later prompts hit the prefix cache): the share of identical tokens
+   and where each prompt's outputs first diverge (bfloat16 near-ties may flip a late token).
+2. **Decode step time against the HBM roofline**: for each batch size, the median time of a decode step once
+   every sequence is prefilled, beside the time the step's bytes take at the accelerator's bandwidth (all
+   weights once, plus every sequence's cached K/V): ``roofline_fraction`` = roofline / measured.
+3. **Prefill tokens/s** of one long prompt per step, against the accelerator's dense FLOPs (2 x parameters per
+   token, plus causal attention).
+
+The model is a random-weight Llama of the named shape (``--shape``: ``1b`` is Llama-3.2-1B's layers; built in
+memory, nothing downloaded). The hardware profile (``--hardware``) comes from ``slobench plan``'s table
+(``loadgen/planning/hardware.py``); by default the one whose name the CUDA device's name contains, or on the
+CPU the host measured here.
+
+    .venv/bin/python bench/gpu_bench.py --json bench/results/gpu.json                 # on a CUDA machine
+    .venv/bin/python bench/gpu_bench.py --device cpu --shape small --batches 1 4 \\
+        --context 64 --prefill-tokens 256 --json /tmp/gpu-bench-cpu.json           # the script itself, on a CPU
+
+Status: CUDA graphs for decode are not built, so the decode figures are eager-mode; the result says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from engine import loader  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
+from loadgen.planning.hardware import ACCELERATORS, Accelerator, measure_host  # noqa: E402
+from loadgen.planning.model_shape import ModelShape, from_config  # noqa: E402
+from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
+
+SHAPES = {  # a byte-level vocabulary: the output layer stays small, the decoder is the named model's
+    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "head_dim": 64},
+    "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "head_dim": 64},
+}
+
+
+def register_shape(shape: str) -> str:
+    name = f"gpu-bench-{shape}"
+    loader.PRESETS[name] = dataclasses.replace(loader.PRESETS["small"], **SHAPES[shape], max_position_embeddings=32768)
+    return name
+
+
+def make_engine(model: str, args: argparse.Namespace, *, use_triton: bool | None, max_seqs: int) -> Engine:
+    return Engine(EngineConfig(model=model, device=args.device, dtype=args.dtype, use_triton=use_triton,
+                               admission="queue-length", max_num_seqs=max_seqs,
+                               max_num_batched_tokens=max(args.prefill_tokens, 2048),
+                               prefill_chunk_size=max(args.prefill_tokens, 2048),
+                               kv_cache_tokens=args.kv_tokens, num_host_blocks=0,
+                               max_waiting_per_tier={"standard": 4096}))
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def parity(model: str, args: argparse.Namespace) -> dict:
+    if importlib.util.find_spec("triton") is None:
+        return {"skipped": "triton is not installed"}
+    if not args.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        return {"skipped": "no CUDA device: set TRITON_INTERPRET=1 to run the Triton kernel interpreted"}
+    rng = random.Random(1)
+    shared = [rng.randrange(3, 250) for _ in range(48)]
+    prompts = [shared + [rng.randrange(3, 250) for _ in range(n)] for n in (1, 17, 80, 200, 5, 333)]
+    params = SamplingParams(max_tokens=args.parity_tokens, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for use_triton in (True, False):
+        engine = make_engine(model, args, use_triton=use_triton, max_seqs=len(prompts))
+        outs[use_triton] = [o.token_ids for o in engine.generate(prompts, params)]
+        del engine
+    same = sum(a == b for t, r in zip(outs[True], outs[False], strict=True) for a, b in zip(t, r, strict=True))
+    total = sum(len(t) for t in outs[False])
+    first = [next((i for i, (a, b) in enumerate(zip(t, r, strict=True)) if a != b), None)
+             for t, r in zip(outs[True], outs[False], strict=True)]
+    return {"prompts": len(prompts), "tokens_each": args.parity_tokens, "identical_token_share": same / total,
+            "first_divergence": first, "all_identical": same == total}
+
+
+def shape_of(engine: Engine) -> ModelShape:
+    """The planner's sizes of the engine's model (bytes of its weights and KV, FLOPs per token)."""
+    return from_config(engine.model_config, engine.runner.kv_caches[0][0].element_size())
+
+
+def decode(engine: Engine, args: argparse.Namespace, hw: Accelerator) -> list[dict]:
+    rng = random.Random(2)
+    rows = []
+    shape = shape_of(engine)
+    per_token_kv, weights = shape.kv_bytes_per_token, shape.weights_bytes
+    for batch in args.batches:
+        for _ in range(batch):
+            engine.add_request([rng.randrange(3, 250) for _ in range(args.context)],
+                               SamplingParams(max_tokens=args.decode_steps + 8, ignore_eos=True, temperature=0.0))
+        engine.step()  # takes the new requests in
+        while not all(r.seqs and r.seqs[0].num_output_tokens > 0 for r in engine.requests.values()):
+            engine.step()  # prefill everything first
+        assert len(engine.requests) == batch, "every sequence decodes in the timed steps"
+        times, contexts = [], []
+        for _ in range(args.decode_steps):
+            contexts.append(sum(r.seqs[0].num_tokens for r in engine.requests.values()))
+            sync(args.device)
+            t = time.perf_counter()
+            engine.step()  # the sampled tokens come back to the host: the step has finished on the device
+            times.append(time.perf_counter() - t)
+        while engine.has_unfinished_requests():
+            engine.step()
+        step_s = statistics.median(times)
+        bytes_ = weights + statistics.median(contexts) * per_token_kv
+        roofline_s = bytes_ / hw.bandwidth_bytes_s
+        rows.append({"batch": batch, "context": args.context, "step_ms": step_s * 1e3,
+                     "tokens_per_s": batch / step_s, "bytes_per_step": bytes_, "roofline_ms": roofline_s * 1e3,
+                     "roofline_fraction": roofline_s / step_s})
+        print(f"decode batch {batch:4d}: {step_s * 1e3:8.3f} ms/step, roofline {roofline_s * 1e3:.3f} ms "
+              f"({roofline_s / step_s:.0%})", flush=True)
+    return rows
+
+
+def prefill(engine: Engine, args: argparse.Namespace, hw: Accelerator) -> dict:
+    rng = random.Random(3)
+    shape = shape_of(engine)
+    n = args.prefill_tokens
+    # Every token through every weight (the output layer only for the last), and causal attention: n^2 / 2 pairs.
+    flops = (shape.matmul_flops_per_token - 2 * shape.vocab * shape.hidden) * n + 2 * shape.vocab * shape.hidden \
+        + shape.attention_flops_per_pair * n * n // 2
+
+    def one() -> None:
+        engine.add_request([rng.randrange(3, 250) for _ in range(n)], SamplingParams(max_tokens=1, ignore_eos=True))
+        engine.step()  # the whole prompt in one step (chunk and budget are n)
+
+    one()
+    times = []
+    for _ in range(args.prefill_repeats):
+        sync(args.device)
+        t = time.perf_counter()
+        one()
+        times.append(time.perf_counter() - t)
+    step_s = statistics.median(times)
+    return {"tokens": n, "step_ms": step_s * 1e3, "tokens_per_s": n / step_s, "flops": flops,
+            "flops_fraction": flops / step_s / hw.flops}
+
+
+def hardware(args: argparse.Namespace) -> Accelerator:
+    if args.hardware:
+        return ACCELERATORS[args.hardware.lower()]
+    if args.device.startswith("cuda"):
+        name = torch.cuda.get_device_name().lower()
+        for key, acc in ACCELERATORS.items():
+            if key.split("-")[0] in name:
+                return acc
+        raise SystemExit(f"no profile for {name!r}: pass --hardware (one of {', '.join(ACCELERATORS)})")
+    return measure_host(threads=torch.get_num_threads(), dtype=args.dtype or "float32")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU (the engine's)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    ap.add_argument("--hardware", help=f"roofline profile: {', '.join(a.name for a in ACCELERATORS.values())}")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    ap.add_argument("--context", type=int, default=512, help="prompt tokens of each decoding sequence")
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--prefill-tokens", type=int, default=4096)
+    ap.add_argument("--prefill-repeats", type=int, default=5)
+    ap.add_argument("--parity-tokens", type=int, default=48)
+    ap.add_argument("--kv-tokens", type=int, default=1 << 18)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("no CUDA device here: pass --device cpu to check the script on a CPU")
+    model = register_shape(args.shape)
+    hw = hardware(args)
+    out = {"bench": "gpu_bench", "when": now_iso(), "commit": git_commit(), "machine": machine(),
+           "versions": versions(), "device": torch.cuda.get_device_name() if args.device.startswith("cuda")
+           else "cpu", "hardware": hw.as_dict(), "shape": {args.shape: SHAPES[args.shape]},
+           "cuda_graphs": False}
+    out["parity"] = parity(model, args)
+    print("parity", json.dumps(out["parity"]), flush=True)
+    engine = make_engine(model, args, use_triton=None, max_seqs=max(args.batches))
+    out["dtype"] = str(engine.dtype).removeprefix("torch.")
+    out["attention"] = getattr(engine.model.attention_fn, "__name__", str(engine.model.attention_fn))
+    out["model"] = shape_of(engine).as_dict()
+    out["decode"] = decode(engine, args, hw)
+    out["prefill"] = prefill(engine, args, hw)
+    print("prefill", json.dumps(out["prefill"]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
