@@ -1,10 +1,10 @@
 """oneDNN's prepacked linear layers for the CPU engine: the weights reordered once, at load, not every call.
 
-torch's `F.linear` on the CPU calls MKL's sgemm, which repacks the whole weight matrix on every call: for a
-decode step's few rows that packing is most of the work, and on AMD CPUs MKL also takes a slower path. oneDNN
-(torch's mkldnn backend, the library vLLM's CPU build uses) can reorder a weight once into its kernel's
-layout. Measured on the engine-speed checkpoint's shapes (one core of this project's AMD EPYC machine): the
-32,000 x 256 output layer at 32 rows 7.9 -> 3.1 ms, the 1,376 x 256 MLP projection at 160 rows 1.1 -> 0.48 ms.
+torch's `F.linear` on the CPU calls MKL's sgemm, which packs its operands into scratch buffers on every call
+(for a decode step's few rows, much of the work), and on this project's AMD CPU runs slower kernels besides.
+oneDNN (torch's mkldnn backend, the library vLLM's CPU build uses) can reorder a weight once into its
+kernel's layout. On the engine-speed checkpoint, one core: a 32-sequence decode step 20.9 -> 8.95 ms, a
+160-token prefill 15.9 -> 8.67 ms (bench/step_time_bench.py, bench/results/step-time.json).
 
 The ops are torch's own (`torch.ops.mkldnn._reorder_linear_weight`, `_linear_pointwise`, what inductor's CPU
 backend emits for frozen linears) but not public API, so `pack_linears` checks them on each layer against
