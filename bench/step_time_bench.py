@@ -6,7 +6,9 @@ in one process, medians over many steps:
 - decode step time at 1 / 8 / 32 sequences (sampled at temperature 1, as a served request without a
   ``temperature`` is) and a lone 160-token prefill step, with the linear layers on oneDNN-prepacked weights
   (``pack_cpu_weights``, the default) and on torch's ``F.linear``;
-- the sampler on one 32-row batch of real logits, beside the per-row ``torch.multinomial`` it replaced;
+- the sampler on one 32-row batch of real logits: drawn rows beside the per-row ``torch.multinomial`` and the
+  single-pass CDF (a softmax and a cumulative sum over the whole vocabulary) it replaced, greedy rows with
+  ``max(dim).indices`` beside ``argmax``;
 - a prefill chunk's attention (SDPA) with three-dimensional operands (the unfused math path it used to take)
   and four-dimensional ones (torch's CPU flash kernel).
 
@@ -32,6 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
+from engine.sequence import Sequence  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 
 PROMPT = 160
@@ -73,6 +76,13 @@ def multinomial_rows(logits: torch.Tensor, temperature: float) -> list[int]:
     return [int(torch.multinomial(torch.softmax(row / temperature, dim=-1), 1).item()) for row in logits]
 
 
+def full_cdf_rows(logits: torch.Tensor, temperature: float) -> list[int]:
+    """The replaced batched sampler: a softmax, one cumulative sum over the whole vocabulary, a search."""
+    cdf = torch.softmax(logits / temperature, dim=-1).cumsum(dim=-1)
+    point = torch.rand(logits.shape[0], 1) * cdf[:, -1:]
+    return torch.searchsorted(cdf, point, right=True).squeeze(1).tolist()
+
+
 def sampling_ms(engine: Engine, rng: random.Random, repeats: int) -> dict:
     captured = {}
     sample = engine.sampler.sample
@@ -90,10 +100,18 @@ def sampling_ms(engine: Engine, rng: random.Random, repeats: int) -> dict:
         engine.step()
     engine.sampler.sample = sample
     logits, seqs = captured["logits"], captured["seqs"]
-    batched = timed(lambda: sample(logits, seqs), repeats) * 1e3
+    drawn = timed(lambda: sample(logits, seqs), repeats) * 1e3
     per_row = timed(lambda: multinomial_rows(logits, 1.0), repeats) * 1e3
-    return {"rows": logits.shape[0], "vocab": logits.shape[1], "batched_inverse_cdf_ms": batched,
-            "per_row_multinomial_ms": per_row, "speedup": per_row / batched}
+    full_cdf = timed(lambda: full_cdf_rows(logits, 1.0), repeats) * 1e3
+    greedy_seqs = [Sequence(s.request_id, s.index, list(s.token_ids), s.num_prompt_tokens,
+                            SamplingParams(temperature=0.0), s.tier, s.arrival_time) for s in seqs]
+    greedy = timed(lambda: sample(logits, greedy_seqs), repeats) * 1e3
+    max_indices = timed(lambda: logits.max(dim=-1).indices.tolist(), repeats) * 1e3
+    argmax = timed(lambda: logits.argmax(dim=-1).tolist(), repeats) * 1e3
+    return {"rows": logits.shape[0], "vocab": logits.shape[1], "two_level_cdf_ms": drawn,
+            "full_cdf_ms": full_cdf, "per_row_multinomial_ms": per_row,
+            "speedup_vs_multinomial": per_row / drawn, "speedup_vs_full_cdf": full_cdf / drawn,
+            "greedy_sample_ms": greedy, "greedy_max_indices_ms": max_indices, "greedy_argmax_ms": argmax}
 
 
 def prefill_attention_ms(repeats: int) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import time
 from collections import deque
 
 import torch
@@ -192,7 +193,7 @@ class Engine:
             if plan.scheduled:
                 logits, sample_rows = self._run(plan.scheduled, clock.start)
                 clock.mark_ran()
-                self._process(plan.scheduled, sample_rows, logits, outputs, clock.ran)
+                self._process(plan.scheduled, sample_rows, logits, outputs)
                 clock.mark_processed()
             self.step_times.add(clock)
             self._measure(plan.scheduled, clock.processed - clock.start)
@@ -277,8 +278,13 @@ class Engine:
 
     # ---- processing a step's outputs ------------------------------------------------------------
     def _process(self, batch: list[ScheduledSeq], sample_rows: list[int], logits: torch.Tensor,
-                 outputs: dict[str, RequestOutput], now: float) -> None:
-        """Commit the computed KV, sample, append tokens and check stops, then emit the requests' outputs."""
+                 outputs: dict[str, RequestOutput]) -> None:
+        """Commit the computed KV, sample, append tokens and check stops, then emit the requests' outputs.
+
+        The step's tokens (and their text) exist once sampled and detokenized: that instant, not the end of
+        the forward pass, is their time, so sampling and detokenizing count as the engine's (prefill or decode)
+        and not as the front end's share of the TTFT.
+        """
         self._commit_computed(batch)
         draws = self._draws(batch, sample_rows)
         if not draws:
@@ -287,8 +293,8 @@ class Engine:
         if rows != list(range(logits.shape[0])):  # a copy of the logits only when rows differ (n > 1, forks)
             logits = logits[torch.tensor(rows, device=logits.device)]
         seqs = [seq for _, seq in draws]
-        tokens = self.sampler.sample(logits, seqs)
-        self._emit(self._append_tokens(seqs, tokens), outputs, now)
+        touched = self._append_tokens(seqs, self.sampler.sample(logits, seqs))
+        self._emit(touched, outputs, time.monotonic())
 
     def _commit_computed(self, batch: list[ScheduledSeq]) -> None:
         """The batch's new tokens are in the KV cache now (full blocks become shareable prefixes)."""

@@ -32,7 +32,7 @@ ENGINE_FAILED = "the engine failed while running this request"
 class RequestStream:
     """One request's outputs as the event loop receives them."""
 
-    __slots__ = ("request_id", "tier", "items", "event", "error", "finished")
+    __slots__ = ("request_id", "tier", "items", "event", "error", "finished", "started")
 
     def __init__(self, request_id: str, tier: str):
         self.request_id = request_id
@@ -41,6 +41,7 @@ class RequestStream:
         self.event = asyncio.Event()
         self.error: APIError | None = None
         self.finished = False
+        self.started = False  # an output has arrived (the router wakes first outputs' handlers first)
 
     async def next_batch(self) -> list[Any]:
         """Every output that arrived since the last call (waits for at least one); raises on failure."""
@@ -197,6 +198,8 @@ class StreamRouter:
 
     def _deliver(self, outs: list[Any]) -> None:
         streams = self.streams
+        first: list[RequestStream] = []
+        later: list[RequestStream] = []
         for out in outs:
             stream = streams.get(out.request_id)
             if stream is None:
@@ -205,6 +208,12 @@ class StreamRouter:
             if out.finished:
                 stream.finished = True
                 del streams[out.request_id]
+            (later if stream.started else first).append(stream)
+            stream.started = True
+        # Handlers wake in the order their events are set: a request's first output goes out before the next
+        # tokens of the streams already flowing, since its client is still waiting for its first token and
+        # each handler the loop runs ahead of it (an SSE chunk each) would add to that wait.
+        for stream in first + later:
             stream.event.set()
 
     def _fail_all(self, message: str, status: int = 500, code: str = "engine_error") -> None:

@@ -8,8 +8,11 @@ tail factor learns from the accepted requests' own TTFT.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -217,3 +220,54 @@ def test_a_younger_request_of_the_same_tier_waits_for_an_older_ones_held_text():
         engine.step()
         computed.append(engine.requests[younger].seqs[0].num_computed)
     assert computed == [0, 0, 0, 256, 512]  # it waits for the older one's text, then prefills
+
+
+def test_a_token_is_stamped_once_it_is_sampled_not_when_the_forward_pass_ends():
+    """The front end's share starts at the first text: the sampling and detokenizing before it are the
+    engine's, so the first token's time is taken after the step's sampler returned."""
+    engine = Engine(EngineConfig(model="tiny"))
+    sampled_at: list[float] = []
+    sample = engine.sampler.sample
+
+    def timed_sample(logits, seqs):
+        tokens = sample(logits, seqs)
+        sampled_at.append(time.monotonic())
+        return tokens
+
+    engine.sampler.sample = timed_sample
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+    t = outs[-1].timing
+    assert t.first_token_time >= sampled_at[0] and t.finished_time >= sampled_at[-1]
+
+
+def test_a_first_output_wakes_its_handler_before_the_flowing_streams():
+    """The router sets a step's first outputs' events before the others', so the handler whose client is still
+    waiting for its first token runs first (handlers wake in the order their events are set)."""
+    from engine.engine_loop import RequestStream, StreamRouter
+
+    async def scenario() -> list[str]:
+        router = StreamRouter(metrics=None, loop=asyncio.get_running_loop())
+        for rid in ("old-1", "new", "old-2"):
+            router.streams[rid] = RequestStream(rid, "standard")
+        out = {rid: SimpleNamespace(request_id=rid, finished=False) for rid in router.streams}
+        woke: list[str] = []
+
+        async def handler(rid: str) -> None:
+            stream = router.streams[rid]
+            if rid.startswith("old"):
+                await stream.next_batch()  # an earlier step's output: these streams are flowing
+            await stream.next_batch()
+            woke.append(rid)
+
+        tasks = [asyncio.create_task(handler(rid)) for rid in out]
+        router._deliver([out["old-1"], out["old-2"]])
+        for _ in range(3):
+            await asyncio.sleep(0)  # every handler is now waiting for its next output
+        assert woke == []
+        router._deliver([out["old-1"], out["new"], out["old-2"]])
+        await asyncio.gather(*tasks)
+        return woke
+
+    assert asyncio.run(scenario()) == ["new", "old-1", "old-2"]

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from engine.sampler import Sampler
+from engine.sampler import Sampler, inverse_cdf
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
 
@@ -87,3 +87,36 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_shares_its_batch():
     assert len(set(alone)) > 1  # five draws from a flat-ish distribution: not one token repeated
     assert run(6, 3) == alone
     assert run(4, 0) == alone
+
+
+def test_the_two_level_search_lands_in_the_cdf_interval_of_its_point():
+    """Against a float64 CDF over the whole vocabulary: the token found is the one whose interval holds the
+    point (up to float32 rounding), for vocabularies that tile into blocks and for a prime one that is padded."""
+    gen = torch.Generator().manual_seed(5)
+    for vocab in (32_000, 32_003, 7, 1):
+        weights = torch.rand(64, vocab, generator=gen) ** 4
+        weights[:, ::3] = 0.0  # tokens without mass, among the rest
+        weights[:, -1] = 1.0  # at least one with it
+        uniform = torch.rand(64, generator=gen)
+        uniform[:2] = torch.tensor([0.0, 1.0 - 2**-24])  # the edges of [0, 1)
+        tokens = inverse_cdf(weights, uniform)
+        cdf = weights.double().cumsum(-1)
+        point = uniform.double() * cdf[:, -1]
+        for row, token in enumerate(tokens.tolist()):
+            assert weights[row, token] > 0, (vocab, row, token)
+            low = cdf[row, token - 1] if token > 0 else 0.0
+            tol = 1e-5 * float(cdf[row, -1])
+            assert low - tol <= point[row] <= cdf[row, token] + tol, (vocab, row, token)
+
+
+def test_greedy_takes_the_first_of_tied_maxima():
+    logits = torch.tensor([[1.0, 5.0, 5.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    seqs = [seq(SamplingParams(temperature=0)) for _ in range(2)]
+    assert Sampler(torch.device("cpu"), [EOS]).sample(logits, seqs) == [1, 0]
+
+
+def test_sampling_leaves_the_callers_logits_alone():
+    logits = torch.randn(3, 50)
+    before = logits.clone()
+    Sampler(torch.device("cpu"), [EOS]).sample(logits, [seq(SamplingParams(temperature=0.7)) for _ in range(3)])
+    assert torch.equal(logits, before)
