@@ -18,7 +18,10 @@ CPU the host measured here.
     .venv/bin/python bench/gpu_bench.py --device cpu --shape small --batches 1 4 \\
         --context 64 --prefill-tokens 256 --json /tmp/gpu-bench-cpu.json           # the script itself, on a CPU
 
-Status: CUDA graphs for decode are not built, so the decode figures are eager-mode; the result says so.
+On CUDA the engine replays its decode steps from CUDA graphs (``decode_graphs="auto"``, engine/decode_graphs.py),
+so the parity check covers the captured path, and the decode steps are timed again with graphs off
+(``decode_without_graphs``) for the graphs' own gain. ``cuda_graphs`` in the result says whether they were
+captured (never on the CPU).
 """
 
 from __future__ import annotations
@@ -61,8 +64,10 @@ def register_shape(shape: str) -> str:
     return name
 
 
-def make_engine(model: str, args: argparse.Namespace, *, use_triton: bool | None, max_seqs: int) -> Engine:
+def make_engine(model: str, args: argparse.Namespace, *, use_triton: bool | None, max_seqs: int,
+                decode_graphs: str = "auto") -> Engine:
     return Engine(EngineConfig(model=model, device=args.device, dtype=args.dtype, use_triton=use_triton,
+                               decode_graphs=decode_graphs,
                                admission="queue-length", max_num_seqs=max_seqs,
                                max_num_batched_tokens=max(args.prefill_tokens, 2048),
                                prefill_chunk_size=max(args.prefill_tokens, 2048),
@@ -85,8 +90,9 @@ def parity(model: str, args: argparse.Namespace) -> dict:
     prompts = [shared + [rng.randrange(3, 250) for _ in range(n)] for n in (1, 17, 80, 200, 5, 333)]
     params = SamplingParams(max_tokens=args.parity_tokens, temperature=0.0, ignore_eos=True)
     outs = {}
-    for use_triton in (True, False):
-        engine = make_engine(model, args, use_triton=use_triton, max_seqs=len(prompts))
+    for use_triton in (True, False):  # Triton (with decode graphs on CUDA) against the torch reference (eager)
+        engine = make_engine(model, args, use_triton=use_triton, max_seqs=len(prompts),
+                             decode_graphs="auto" if use_triton else "off")
         outs[use_triton] = [o.token_ids for o in engine.generate(prompts, params)]
         del engine
     same = sum(a == b for t, r in zip(outs[True], outs[False], strict=True) for a, b in zip(t, r, strict=True))
@@ -192,17 +198,26 @@ def main() -> int:
     hw = hardware(args)
     out = {"bench": "gpu_bench", "when": now_iso(), "commit": git_commit(), "machine": machine(),
            "versions": versions(), "device": torch.cuda.get_device_name() if args.device.startswith("cuda")
-           else "cpu", "hardware": hw.as_dict(), "shape": {args.shape: SHAPES[args.shape]},
-           "cuda_graphs": False}
+           else "cpu", "hardware": hw.as_dict(), "shape": {args.shape: SHAPES[args.shape]}}
     out["parity"] = parity(model, args)
     print("parity", json.dumps(out["parity"]), flush=True)
     engine = make_engine(model, args, use_triton=None, max_seqs=max(args.batches))
     out["dtype"] = str(engine.dtype).removeprefix("torch.")
     out["attention"] = getattr(engine.model.attention_fn, "__name__", str(engine.model.attention_fn))
     out["model"] = shape_of(engine).as_dict()
+    graphs = engine.runner.decode_graphs
+    out["cuda_graphs"] = bool(graphs is not None and graphs.captured)
+    out["graph_batch_sizes"] = graphs.sizes if out["cuda_graphs"] else []
     out["decode"] = decode(engine, args, hw)
     out["prefill"] = prefill(engine, args, hw)
     print("prefill", json.dumps(out["prefill"]), flush=True)
+    if out["cuda_graphs"]:  # the same steps without graphs: what replaying them took off
+        del engine, graphs
+        torch.cuda.empty_cache()
+        eager = make_engine(model, args, use_triton=None, max_seqs=max(args.batches), decode_graphs="off")
+        out["decode_without_graphs"] = decode(eager, args, hw)
+        out["graph_speedup"] = {row["batch"]: e["step_ms"] / row["step_ms"]
+                                for row, e in zip(out["decode"], out["decode_without_graphs"], strict=True)}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -58,6 +58,10 @@ class EngineConfig:
     # F.linear, which repacks every weight on every call.
     pack_cpu_weights: bool = True
     use_triton: bool | None = None  # None: on CUDA when triton imports
+    # Decode steps on static, padded buffers replayed from CUDA graphs (engine/decode_graphs.py): "auto"
+    # captures them on CUDA with the Triton kernel; "eager" runs the padded path uncaptured (any device, for
+    # checking it); "off" never.
+    decode_graphs: str = "auto"
 
     def __post_init__(self) -> None:
         if self.kv_allocation not in ("paged", "contiguous"):
@@ -70,6 +74,8 @@ class EngineConfig:
             raise ValueError("rebatch_interval must be at least 1")
         if not 0.0 < self.kv_watermark <= 1.0:
             raise ValueError("kv_watermark must be in (0, 1]")
+        if self.decode_graphs not in ("auto", "off", "eager"):
+            raise ValueError(f"decode_graphs must be 'auto', 'off' or 'eager', got {self.decode_graphs!r}")
         if self.admission not in ("slo", "queue-length"):
             raise ValueError(f"admission must be 'slo' or 'queue-length', got {self.admission!r}")
         if not 0.0 < self.admission_target_frac <= 1.0:

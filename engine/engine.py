@@ -18,6 +18,7 @@ from engine.admission import AdmissionEstimator, QueueSnapshot
 from engine.block_manager import BlockManager, kv_blocks_alone
 from engine.config import TIERS, EngineConfig, normalize_tier
 from engine.cpu_linear import pack_linears
+from engine.decode_graphs import decode_graph_plan
 from engine.engine_stats import collect_stats
 from engine.errors import (
     CapacityExceededError,
@@ -62,8 +63,10 @@ class Engine:
             enable_prefix_caching=config.enable_prefix_caching and config.kv_allocation == "paged",
         )
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
-        self.runner = ModelRunner(self.model, self.model_config, self.device, self.dtype,
-                                  num_blocks, num_host_blocks, config.block_size)
+        sizes, capture = decode_graph_plan(config.decode_graphs, self.device.type, self.model, config.max_num_seqs)
+        self.runner = ModelRunner(self.model, self.model_config, self.device, self.dtype, num_blocks, num_host_blocks,
+                                  config.block_size, max_model_len=self.max_model_len, graph_sizes=sizes,
+                                  capture_graphs=capture)
         self.eos_token_ids = list(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(self.device, self.eos_token_ids)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)

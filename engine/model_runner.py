@@ -6,18 +6,26 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.block_ops import SWAP_IN, SWAP_OUT, BlockOps
+from engine.decode_graphs import DecodeGraphs
 from engine.model import CausalLM, ModelConfig, allocate_kv_cache
 from engine.scheduler import ScheduledSeq
 
 
 class ModelRunner:
     def __init__(self, model: CausalLM, model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 num_blocks: int, num_host_blocks: int, block_size: int):
+                 num_blocks: int, num_host_blocks: int, block_size: int, *, max_model_len: int = 0,
+                 graph_sizes: list[int] | None = None, capture_graphs: bool = False):
         self.model = model
         self.cfg = model_cfg
         self.device = device
         self.block_size = block_size
-        self.kv_caches = allocate_kv_cache(model_cfg, num_blocks, block_size, device, dtype)
+        # With decode graphs, one block past the block manager's pool: the pad rows' scratch block.
+        self.kv_caches = allocate_kv_cache(model_cfg, num_blocks + (1 if graph_sizes else 0), block_size, device,
+                                           dtype)
+        self.decode_graphs = DecodeGraphs(
+            model, self.kv_caches, scratch_block=num_blocks, block_size=block_size, max_model_len=max_model_len,
+            sizes=graph_sizes, capture=capture_graphs,
+        ) if graph_sizes else None
         # The host pool that swapped requests live in; pinned on CUDA so copies can overlap.
         cpu = torch.device("cpu")
         self.host_kv_caches = allocate_kv_cache(model_cfg, num_host_blocks, block_size, cpu, dtype)
@@ -83,6 +91,11 @@ class ModelRunner:
 
     def run(self, batch: list[ScheduledSeq], tables: list[list[int]], sample_rows: list[int]) -> torch.Tensor:
         """Forward the batch; return float32 logits for the last new token of each row in sample_rows."""
+        if (self.decode_graphs is not None and len(sample_rows) == len(batch)
+                and all(item.num_new_tokens == 1 for item in batch)):
+            logits = self.decode_graphs.run(batch, tables)  # all decodes: the static, padded path
+            if logits is not None:
+                return logits
         input_ids, positions, meta = self.prepare(batch, tables)
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
         ends = meta.cu_query_lens.tolist()

@@ -73,6 +73,9 @@ _ENGINE_HELP = {
                         "0: none). Default premium=300,standard=800; basic has none",
     "pack_cpu_weights": "on the CPU, linear layers on weights oneDNN reordered once at load instead of torch's "
                         "F.linear (--no-pack-cpu-weights: F.linear)",
+    "decode_graphs": "decode steps on static, padded buffers replayed from CUDA graphs, batch sizes 1, 2, 4, 8, 16, "
+                     "... up to --max-num-seqs: auto (default) captures them on CUDA with the Triton kernel; eager "
+                     "runs the padded path uncaptured (any device); off",
     "admission_target_frac": "--admission slo admits while the estimated TTFT stays within this share of the "
                              "promise (the rest is for HTTP, network and client; default 0.8)",
 }
@@ -128,6 +131,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
             group.add_argument(flag, dest=name, default=None, type=_tier_limits, help=help_)
         elif name == "admission":
             group.add_argument(flag, dest=name, default=None, choices=["slo", "queue-length"], help=help_)
+        elif name == "decode_graphs":
+            group.add_argument(flag, dest=name, default=None, choices=["auto", "off", "eager"], help=help_)
         elif tp in (int, float, str):
             group.add_argument(flag, dest=name, default=None, type=tp, help=help_)
     # Short spellings for the switches that turn things off.

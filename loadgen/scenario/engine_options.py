@@ -40,6 +40,7 @@ ENGINE_OPTIONS: dict[str, tuple[tuple, tuple | None]] = {
     "admission_target_frac": ((float,), None),
     "pack_cpu_weights": ((bool,), None),
     "use_triton": ((bool, _opt), None),
+    "decode_graphs": ((str,), ("auto", "off", "eager")),
     # server flags
     "api_key": ((str, _opt), None),
     "drain_timeout": ((float,), None),
