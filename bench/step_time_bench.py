@@ -6,9 +6,9 @@ in one process, medians over many steps:
 - decode step time at 1 / 8 / 32 sequences (sampled at temperature 1, as a served request without a
   ``temperature`` is) and a lone 160-token prefill step, with the linear layers on oneDNN-prepacked weights
   (``pack_cpu_weights``, the default) and on torch's ``F.linear``;
-- the sampler on one 32-row batch of real logits: drawn rows beside the per-row ``torch.multinomial`` and the
-  single-pass CDF (a softmax and a cumulative sum over the whole vocabulary) it replaced, greedy rows with
-  ``max(dim).indices`` beside ``argmax``;
+- the sampler on the largest batch of real logits a step of 32 requests sampled: drawn rows beside the
+  per-row ``torch.multinomial`` and the single-pass CDF (a softmax and a cumulative sum over the whole
+  vocabulary) it replaced, greedy rows with ``max(dim).indices`` beside ``argmax``;
 - a prefill chunk's attention (SDPA) with three-dimensional operands (the unfused math path it used to take)
   and four-dimensional ones (torch's CPU flash kernel).
 

@@ -49,8 +49,8 @@ class Sampler:
         drawn = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
         if greedy:
             part = logits if len(greedy) == len(seqs) else logits[greedy]
-            # max(dim).indices, the first maximal index as argmax's: argmax is the slower CPU kernel (2.2 vs 0.8
-            # ms for 48 rows of 32,000 measured here; bench/step_time_bench.py times the sampler)
+            # max(dim).indices, the first maximal index as argmax's: argmax is the slower CPU kernel (1.10 vs 0.37
+            # ms for 25 rows of 32,000 words, bench/results/step-time.json)
             for row, token in zip(greedy, part.max(dim=-1).indices.tolist(), strict=True):
                 out[row] = token
         if drawn:
@@ -75,9 +75,10 @@ class Sampler:
         """Temperature, top-k and top-p per row, then one uniform number per row through the row's CDF.
 
         Inverse-CDF sampling takes one random number per token, drawn from the request's own generator when it
-        is seeded, so a seeded completion is reproducible whatever else shares its batch. torch.multinomial
-        row by row took 13.0 ms for 25 rows over a 32,000-word vocabulary on one CPU core; the CDF took 1.04 ms
-        (bench/step_time_bench.py, bench/results/step-time.json). The CDF is searched in two levels (`inverse_cdf`).
+        is seeded, so a seeded completion is reproducible whatever else shares its batch. For 25 rows over a
+        32,000-word vocabulary on one CPU core, torch.multinomial row by row took 15.3 ms, one cumulative sum
+        over the vocabulary 1.26 ms, this (the CDF searched in two levels, `inverse_cdf`) 0.89 ms
+        (bench/step_time_bench.py, bench/results/step-time.json).
         """
         # (logits - the row's peak) / temperature into a buffer kept between steps: the softmax's shift, and
         # no fresh (rows x vocab) allocation each step; exp of it below is the unnormalised distribution.
