@@ -96,6 +96,9 @@ def test_cliff_and_gradual():
     assert soft["boundary"] == "gradual" and soft["margin_load_ratio"] > CLIFF_RATIO
     # the true ratios: (1.2 / 0.8) ** (1 / k)
     assert sharp["margin_load_ratio"] == pytest.approx(1.5 ** (1 / 8), rel=0.04)
+    # a cliff's interval spans the gap between the last passing and the first failing load (9.6 and 10.4)
+    assert sharp["cliff_gap"] == [9.6, 10.4] and soft["cliff_gap"] is None
+    assert sharp["ci_low"] <= 9.6 and sharp["ci_high"] >= 10.4
     assert soft["margin_load_ratio"] == pytest.approx(1.5 ** (1 / 1.5), rel=0.1)
 
 

@@ -19,7 +19,10 @@ and around them, the SLO actually breaks, and how sure the steps are of it:
   (``latency.slo_values`` of its window's records in ``requests.jsonl``, by ``stage``) with replacement,
   takes the quantile again, refits and takes the lowest crossing; ``ci_low`` / ``ci_high`` are the
   replicates' percentiles at the confidence level (0.95: 2.5 % and 97.5 %), widened to the estimate in
-  the rare case the percentiles leave it out. Seeded: the same run gives the same interval. A step without its records
+  the rare case the percentiles leave it out. At a cliff the interpolation between the last passing and
+  the first failing load is not evidence of where in that gap the SLO breaks (a margin of 0.6 next to one of
+  10 fits any crossing between them), so the interval is widened to span the gap (``cliff_gap``).
+  Seeded: the same run gives the same interval. A step without its records
   (a summary read alone) varies instead as a log-normal around its quantile whose width is its own
   bootstrap interval (``ci_low_ms`` / ``ci_high_ms``); ``method`` says which were used. A step stopped
   at its breach has only a lower-bound margin (its requests still in flight count with the time they had
@@ -107,6 +110,13 @@ def margin_load_ratio(x: Sequence[float], logm: Sequence[float], w: Sequence[flo
             at = c * math.exp((level / slope) if slope > 0 else 0.0)
         out.append(at)
     return out[1] / out[0] if out[0] > 0 else None
+
+
+def cliff_gap(x: Sequence[float], logm: Sequence[float], w: Sequence[float]) -> list[float] | None:
+    """[the last load the fit passes, the first it fails]: the loads either side of its crossing."""
+    g = isotonic(logm, w)
+    j = next((i for i, v in enumerate(g) if v > 0), None)
+    return [float(x[j - 1]), float(x[j])] if j else None
 
 
 def step_load(step: Mapping[str, Any], axis: str) -> float | None:
@@ -206,14 +216,20 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
     rows = sorted(pts[binding], key=lambda r: r[0])
     ux, inv = np.unique([r[0] for r in rows], return_inverse=True)
     w = np.asarray([r[2] for r in rows])
-    ratio = margin_load_ratio(ux, _pool(np.asarray([r[1] for r in rows]), w, inv, len(ux)), np.bincount(inv, w))
+    pooled = _pool(np.asarray([r[1] for r in rows]), w, inv, len(ux))
+    ratio = margin_load_ratio(ux, pooled, np.bincount(inv, w))
+    cliff = ratio is not None and ratio <= CLIFF_RATIO
+    gap = cliff_gap(ux, pooled, np.bincount(inv, w)) if cliff and open_end is None else None
+    if gap is not None:  # the steps cannot place a cliff inside the gap between them: the interval spans it
+        lo, hi = min(lo, gap[0]), max(hi, gap[1])
     return {
         "estimate": value, "ci_low": min(lo, value), "ci_high": max(hi, value), "confidence": confidence,
+        "cliff_gap": gap,
         "of": "concurrency" if axis == "concurrency" else "rate_rps",
         "open": open_end,
         "binding": {"tier": binding[0], "metric": binding[1]},
         "crossings": [{"tier": t, "metric": m, "load": v, "open": o} for (t, m), (v, o) in sorted(est.items())],
-        "boundary": None if ratio is None else ("cliff" if ratio <= CLIFF_RATIO else "gradual"),
+        "boundary": None if ratio is None else ("cliff" if cliff else "gradual"),
         "margin_load_ratio": ratio, "breach_lower_bounds": len(breach.get(binding, ())),
         "method": "isotonic fit of log(margin) on " + ("users" if axis == "concurrency" else "offered rate")
                   + f"; bootstrap ({n_boot}) of " + " and ".join(
