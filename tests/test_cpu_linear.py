@@ -8,7 +8,7 @@ from torch import nn
 
 from engine import cpu_linear
 from engine.config import EngineConfig
-from engine.cpu_linear import PackedLinear, pack_linears
+from engine.cpu_linear import PackedLinear, bucket_rows, pack_linears
 from engine.engine import Engine
 from engine.sampling import SamplingParams
 
@@ -27,7 +27,8 @@ def test_packed_model_matches_the_dense_one(dtype, atol):
     assert pack_linears(packed) == 2
     assert all(type(m) is not nn.Linear for m in packed.modules())
     assert isinstance(packed[2][0], PackedLinear) and packed[2][0].bias is None
-    for shape in [(1, 64), (37, 64), (2, 5, 64)]:  # one row, a batch, and leading dimensions
+    # one row, a batch, rows padded to a bucket (65 -> 72, 300 -> 320), and leading dimensions
+    for shape in [(1, 64), (37, 64), (65, 64), (300, 64), (2, 5, 64)]:
         x = torch.randn(shape).to(dtype)
         with torch.inference_mode():
             want, got = dense(x).float(), packed(x).float()
@@ -58,3 +59,25 @@ def test_the_engine_generates_the_same_tokens_packed_or_not():
     got = [o.token_ids for o in packed.generate(prompts, params)]
     want = [o.token_ids for o in dense.generate(prompts, params)]
     assert got == want
+
+
+def test_row_buckets_are_few_bounded_and_exact_for_decode_batches():
+    sizes = [bucket_rows(n) for n in range(1, 16385)]
+    assert sizes[:cpu_linear.EXACT_ROWS] == list(range(1, cpu_linear.EXACT_ROWS + 1))  # decode batches: exact
+    assert all(n <= b <= n * 1.125 for n, b in enumerate(sizes, start=1))  # at most 12.5 % padding
+    assert sizes == sorted(sizes) and len(set(sizes)) == 128  # monotone, and few shapes for oneDNN's cache
+    assert bucket_rows(65) == 72 and bucket_rows(129) == 144 and bucket_rows(512) == 512 and bucket_rows(513) == 576
+
+
+def test_padded_rows_do_not_reach_the_output():
+    torch.manual_seed(0)
+    dense = nn.Linear(64, 48)
+    packed = nn.Sequential(nn.Linear(64, 48))
+    packed[0].load_state_dict(dense.state_dict())
+    assert pack_linears(packed) == 1
+    x = torch.randn(130, 64)  # padded to 144 rows inside
+    with torch.inference_mode():
+        got = packed(x)
+        want = dense(x)
+    assert got.shape == (130, 48) and got.is_contiguous()
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
