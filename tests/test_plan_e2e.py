@@ -54,10 +54,17 @@ def test_plan_calibrated_against_a_running_target(engine, tmp_path):
     args = parse(str(REPO / "scenarios" / "chat.yaml"), "--calibrate", engine, "--requests", "1500", "--draws", "1",
                  "--probe-batches", "1,6", "--probe-contexts", "32,160", "--probe-output", "12",
                  "--probe-prefill", "32,96,200", "--probe-rounds", "2", "--target-rps", "100", "--json", str(out),
-                 "--plot", str(tmp_path / "plan.html"))
+                 "--plot", str(tmp_path / "plan.html"), "--load-point", "0.3", "--load-point-s", "3")
     assert cmd_plan(args) == 0
     plan = json.loads(out.read_text())
     cal = plan["models"]["calibrated"]
+    # one load point, at 0.3 x the probe fit's prediction; the calibrated model is the probe's fit scaled by its factor
+    (lp,) = plan["calibration"]["load_points"]
+    assert lp["rate"] == pytest.approx(0.3 * lp["guide_rps"]) and lp["source"] == "server timing"
+    assert lp["compared"] > 0.8 * lp["sent"] and 0.25 <= lp["factor"] <= 4.0
+    probe, fitted = plan["calibration"]["probe_model"], cal["step_model"]
+    for k in ("const_s", "per_seq_s", "per_token_s", "per_pair_s"):
+        assert fitted[k] == pytest.approx(probe[k] * lp["factor"])
     assert cal["rated_rps"] > 0
     assert cal["replicas"] >= 1 and cal["gpus"] == cal["replicas"]
     assert cal["closed_form"]["batch"] == 64  # chat.yaml's max_num_seqs; the KV pool holds more
@@ -75,6 +82,8 @@ def test_plan_calibrated_against_a_running_target(engine, tmp_path):
     (["scenarios/replay-mooncake.yaml", "--hardware", "H100"], "synthetic"),
     (["scenarios/chat.yaml", "--hardware", "H100", "--capacity-run", "/nonexistent"], "summary.json"),
     (["scenarios/chat.yaml", "--calibrate", "localhost:1"], "expected http"),
+    (["scenarios/chat.yaml", "--calibrate", "embedded", "--load-point", "0.5,x"], "--load-point"),
+    (["scenarios/chat.yaml", "--calibrate", "embedded", "--load-point", "2"], "shares in"),
 ])
 def test_bad_input_is_a_usage_error(argv, message, monkeypatch):
     monkeypatch.chdir(REPO)

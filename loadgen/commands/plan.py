@@ -3,12 +3,14 @@
 From a model's sizes (a preset of the engine, a checkpoint's ``config.json``, or explicit sizes) and a
 hardware profile (``--hardware``: a spec-sheet accelerator, or ``host``: measured here) the theory gives
 memory, KV, batch, step times and throughput; ``--calibrate URL`` (or ``embedded``: the scenario's own
-engine, started here) fits the step time to a running target instead. For each step model a discrete-event
-simulation of the scenario on the engine's scheduler predicts the rated capacity; ``--target-rps`` turns it
-into replicas and GPUs; ``--capacity-run DIR`` sets the prediction beside a measured capacity run (and
-leaves it in the run folder, ``prediction.json``, whose ``report.html`` then draws it beside the steps). The
-engine is imported here only (loadgen reaches it from its commands): its presets, its config reader and
-``EngineConfig``'s defaults.
+engine, started here) fits the step time to a running target instead: the probe's fixed batches and
+prompt lengths, then load points (the scenario's own requests at shares of the predicted capacity,
+``--load-point``) whose measured service times scale the fit (``planning/load_point.py``). For each step
+model a discrete-event simulation of the scenario on the engine's scheduler predicts the rated capacity;
+``--target-rps`` turns it into replicas and GPUs; ``--capacity-run DIR`` sets the prediction beside a
+measured capacity run (and leaves it in the run folder, ``prediction.json``, whose ``report.html`` then
+draws it beside the steps). The engine is imported here only (loadgen reaches it from its commands): its
+presets, its config reader and ``EngineConfig``'s defaults.
 """
 
 from __future__ import annotations
@@ -75,6 +77,11 @@ def register(sub) -> argparse.ArgumentParser:
                    "scenario's longest prompt, up to 4096, when it is longer than the engine's prefill chunk)")
     p.add_argument("--probe-output", type=int, default=32, help="probe tokens per decode request (32)")
     p.add_argument("--probe-rounds", type=int, default=5, help="requests per probe user (5)")
+    p.add_argument("--load-point", default="0.6,0.85", metavar="FRACS",
+                   help="after the probe, send the scenario's own requests at each share in turn of the capacity "
+                        "the model so far predicts, and scale the fit until the simulation's service times match "
+                        "the target's (default 0.6,0.85; 0: the probe's fit alone)")
+    p.add_argument("--load-point-s", type=float, default=20.0, metavar="S", help="each load point's length (20 s)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the plan as JSON")
     p.add_argument("--plot", type=Path, metavar="FILE", help="write a plotly HTML plot of the predicted curves")
     p.set_defaults(cmd="plan")
@@ -139,20 +146,41 @@ def probe_plan(args: argparse.Namespace, chunk: int | None = None, longest: int 
         raise UsageError(str(e)) from None
 
 
-def run_calibration(args: argparse.Namespace, engine_opts: dict[str, Any], model: str | None,
-                    chunk: int | None = None, longest: int = 0):
-    """The probe against ``--calibrate`` (a URL, or the scenario's engine started here)."""
-    from loadgen.planning.probe import calibrate
+def run_calibration(args: argparse.Namespace, engine_opts: dict[str, Any], scn, eng):
+    """The probe and the load point against ``--calibrate`` (a URL, or the scenario's engine started here)."""
+    from loadgen.planning.load_point import LoadPointPlan
     from loadgen.target.embedded import EmbeddedEngine
 
-    plan = probe_plan(args, chunk, longest)
+    plan = probe_plan(args, eng.chunk, scn.synthetic.input_len.longest)
+    try:
+        fracs = tuple(float(x) for x in str(args.load_point).split(",") if x.strip())
+        point = None if fracs in ((), (0.0,)) else LoadPointPlan(fracs, args.load_point_s, scn.seed)
+    except ValueError as e:
+        raise UsageError(f"--load-point {args.load_point!r} / --load-point-s: {e}") from None
     with tempfile.TemporaryDirectory(prefix="slobench-plan-") as tmp:
         if args.calibrate == "embedded":
             with EmbeddedEngine(engine_opts, log_path=Path(tmp) / "engine.log") as url:
-                return calibrate(url, plan, Path(tmp))
+                return _calibrate(url, plan, point, scn, eng, Path(tmp), None)
         if not args.calibrate.startswith(("http://", "https://")):
             raise UsageError(f"--calibrate {args.calibrate!r}: expected http://HOST:PORT or 'embedded'")
-        return calibrate(args.calibrate, plan, Path(tmp), model)
+        return _calibrate(args.calibrate, plan, point, scn, eng, Path(tmp), scn.model)
+
+
+def _calibrate(url: str, plan, point, scn, eng, work: Path, model: str | None):
+    from loadgen.planning.load_point import run_load_points, scaled
+    from loadgen.planning.planner import slos_of
+    from loadgen.planning.probe import calibrate
+
+    cal = calibrate(url, plan, work, model)
+    if point is None:
+        return cal
+    try:
+        points = run_load_points(url, scn, eng, cal.model, slos_of(scn), point, work, model)
+    except ValueError as e:
+        raise UsageError(f"load point: {e} (--load-point 0 skips them)") from None
+    cal.probe_model, cal.model, cal.load_points = cal.model, scaled(cal.model, points[-1].factor), points
+    cal.wall_s += sum(p.wall_s for p in points)
+    return cal
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -223,7 +251,7 @@ def build(args: argparse.Namespace) -> dict:
         models["theory"] = Roofline(shape, hw, tp, args.overhead_ms / 1e3)
     calibration = None
     if args.calibrate is not None:
-        calibration = run_calibration(args, engine_opts, scn.model, eng.chunk, scn.synthetic.input_len.longest)
+        calibration = run_calibration(args, engine_opts, scn, eng)
         models["calibrated"] = calibration.model
     inp = PlanInputs(scn, shape, eng, hw, tp, args.target_rps, headroom,
                      requests=args.requests, draws=args.draws, seed=scn.seed if args.seed is None else args.seed)
@@ -310,5 +338,10 @@ def print_plan(plan: dict) -> None:
     Console().print(t)
     cal = plan.get("calibration")
     if cal:
-        print(f"calibration probe: {cal['wall_s']:.1f} s, {len(cal['observations'])} points ({cal['source']}), "
+        print(f"calibration: {cal['wall_s']:.1f} s, {len(cal['observations'])} probe points ({cal['source']}), "
               f"fit rms error {cal['rel_rms'] * 100:.1f} %")
+        for k, lp in enumerate(cal.get("load_points") or []):
+            print(f"load point {k + 1}: {lp['sent']} requests at {lp['rate']:.3g} req/s for {lp['duration_s']:g} s "
+                  f"({lp['frac']:g} x {lp['guide_rps']:.3g} req/s predicted): mean service {lp['measured_ms']:.1f} ms "
+                  f"measured, {lp['simulated_probe_ms']:.1f} ms simulated on the probe's fit; "
+                  f"fits at x{lp['factor']:.3f} ({lp['source']})")

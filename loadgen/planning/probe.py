@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -82,16 +83,21 @@ class Calibration:
     wall_s: float
     source: str
     dropped: list[str] = field(default_factory=list)  # coefficients fixed at 0 (they came out negative)
+    # with load points (planning/load_point.py): the probe's own fit, and the points that scaled it into ``model``
+    probe_model: LinearStep | None = None
+    load_points: list[Any] = field(default_factory=list)  # load_point.LoadPoint
 
     def as_dict(self) -> dict:
         return {"model": self.model.as_dict(), "rel_rms": self.rel_rms, "wall_s": self.wall_s, "source": self.source,
                 "dropped": self.dropped,
+                "probe_model": self.probe_model.as_dict() if self.probe_model else None,
+                "load_points": [p.as_dict() for p in self.load_points],
                 "observations": [asdict(o.point) | {"step_s": o.step_s, "requests": o.requests, "source": o.source,
                                                     "predicted_s": self.predicted(o)} for o in self.observations]}
 
     def predicted(self, o: Observation) -> float:
-        """The model's time for the observation's steps (several for a chunked prefill: its features sum)."""
-        m = self.model
+        """The probe fit's time for the observation's steps (several for a chunked prefill: its features sum)."""
+        m = self.probe_model or self.model
         return float(np.dot([m.const_s, m.per_seq_s, m.per_token_s, m.per_pair_s], o.features))
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from loadgen.scenario.model import Scenario
 from loadgen.workload.arrivals import Arrivals
+from loadgen.workload.specs import RequestSpec
 
 
 class PlanError(ValueError):
@@ -45,7 +46,11 @@ def draw(scn: Scenario, seed: int, n: int) -> Requests:
     check_scenario(scn)
     a = scn.arrivals
     times = Arrivals(a.kind if a else "poisson", rate=1.0, burstiness=a.burstiness if a else 1.0).times(n=n, seed=seed)
-    specs = scn.synthetic.generate(times, seed=seed)
+    return requests_of(scn.synthetic.generate(times, seed=seed))
+
+
+def requests_of(specs: list[RequestSpec]) -> Requests:
+    """The planner's view of generated requests (their ``arrival_s`` as given)."""
     prefix = np.full(len(specs), -1, dtype=np.int64)
     prefix_len = np.zeros(len(specs), dtype=np.int64)
     for i, sp in enumerate(specs):
