@@ -7,14 +7,15 @@ For each scenario (default: chat.yaml, customer-service.yaml, long-prompt-burst.
 
 1. the theory-only prediction: ``--hardware host`` (this CPU's matmul FLOPs and copy bandwidth, measured),
    the roofline step model, the simulation's rated capacity;
-2. the calibration probe (``--calibrate embedded``: the scenario's engine started for it; the probe itself
-   is timed, engine start-up apart) and the calibrated prediction;
+2. the calibration (``--calibrate embedded``: the scenario's engine started for it; timed, engine start-up
+   apart): the probe, whose fit alone gives the ``probe`` prediction, then the two load points that scale it,
+   the ``calibrated`` prediction (``probe_s`` is the whole calibration: probe and load points);
 3. ``slobench capacity SCENARIO`` as a user runs it (a subprocess, its own engine);
 4. steps 1 and 2 again: this machine's speed drifts by 10-25 % over minutes (the same engine's rating
    moved from 45 to 61 req/s between two runs of this bench), so the predictions bracket the measurement
    and each figure is the geometric mean of the one before and the one after (both kept, ``before`` /
    ``after``: their ratio is the drift);
-5. the errors, predicted / measured - 1, of the theory-only and the calibrated predictions against the
+5. the errors, predicted / measured - 1, of the theory-only, probe and calibrated predictions against the
    measured rated capacity (``rated_capacity.rate_rps``, the offered rate).
 
 Goals from the issue: calibrated within 10 % of measured on all three, the probe under 90 s. Run it on an
@@ -97,10 +98,14 @@ def one(scenario: Path, work: Path, plan_args: list[str], sets: list[str]) -> di
            "verdict": summary.get("verdict"), "measured_is_lower_bound": summary.get("verdict") == "never_broke",
            "capacity_wall_s": round(cap_wall, 1),
            "probe_s": round(max(plan["calibration"]["wall_s"], after["calibration"]["wall_s"]), 1),
+           "load_points": {"before": plan["calibration"].get("load_points"),
+                           "after": after["calibration"].get("load_points")},
            "probe_fit_rel_rms": [plan["calibration"]["rel_rms"], after["calibration"]["rel_rms"]],
            "probe_step_model": {"before": plan["calibration"]["model"], "after": after["calibration"]["model"]},
+           "probe_fit_step_model": {"before": plan["calibration"].get("probe_model"),
+                                    "after": after["calibration"].get("probe_model")},
            "plan_wall_s": round(plan_wall, 1), "hardware": {"before": plan["hardware"], "after": after["hardware"]}}
-    for name in ("theory", "calibrated"):
+    for name in [n for n in ("theory", "probe", "calibrated") if n in models and n in after["models"]]:
         m, m2 = models[name], after["models"][name]
         rated = geomean(m["rated_rps"], m2["rated_rps"])
         cf = geomean(m["closed_form"]["slo_rps"], m2["closed_form"]["slo_rps"])
@@ -123,7 +128,8 @@ def main() -> int:
     for scn in args.scenarios:
         print(f"{scn.name}: plan (theory, probe, calibrated), capacity, plan again ...", flush=True)
         rows.append(one(scn, work, args.plan_arg, args.capacity_set))
-        print("  " + json.dumps({k: rows[-1][k] for k in ("measured_rps", "probe_s", "theory", "calibrated")}),
+        print("  " + json.dumps({k: rows[-1].get(k) for k in ("measured_rps", "probe_s", "theory", "probe",
+                                                             "calibrated")}),
               flush=True)
     cal = [abs(r["calibrated"]["error"]) for r in rows if r["calibrated"]["error"] is not None]
     result = {"bench": "plan", "when": now_iso(), "git_commit": git_commit(), "machine": machine(),

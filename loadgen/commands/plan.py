@@ -252,6 +252,8 @@ def build(args: argparse.Namespace) -> dict:
     calibration = None
     if args.calibrate is not None:
         calibration = run_calibration(args, engine_opts, scn, eng)
+        if calibration.probe_model is not None:  # the probe's fit alone beside it: what the load points changed
+            models["probe"] = calibration.probe_model
         models["calibrated"] = calibration.model
     inp = PlanInputs(scn, shape, eng, hw, tp, args.target_rps, headroom,
                      requests=args.requests, draws=args.draws, seed=scn.seed if args.seed is None else args.seed)
