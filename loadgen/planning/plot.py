@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DASH = {"theory": "dot", "calibrated": "solid"}
+DASH = {"theory": "dot", "probe": "dashdot", "calibrated": "solid"}
 
 
 def write_plot(path: str | Path, curves: dict[str, list[dict]], slos: dict, rated: dict[str, float | None],

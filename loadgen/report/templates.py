@@ -125,8 +125,9 @@ prefill); decode = the rest of the request on the server.{% if breakdown_source 
 <td>{{ num(prediction.measured_rated_rps) }}</td><td>{% if p.error is not none %}{{ "%+.1f"|format(100 * p.error)
 }}%{% else %}–{% endif %}</td><td>{{ num(p.median_quantile_ratio) }}</td></tr>{% endfor %}</table>
 <p class="note">From prediction.json, written by <code>slobench plan --capacity-run</code>: theory-only (a roofline of
-the hardware profile) and calibrated (the step time fitted by a probe of the target) predictions of the
-simulation of the scenario, against this run's offered-rate rating.</p>{% endif %}</section>{% endif %}
+the hardware profile), probe (the step time fitted by a probe of the target) and calibrated (that fit scaled by
+load points of the scenario's own requests) predictions of the simulation of the scenario, against this run's
+offered-rate rating.</p>{% endif %}</section>{% endif %}
 <section><h2>Latency distributions</h2><div class="grid2"><div>{{ plot(plots_by.ttft_cdf) }}</div>
 <div>{{ plot(plots_by.itl_cdf) }}</div></div></section>
 <section><h2>Service health over the run</h2>{{ plot(plots_by.health) }}
