@@ -147,7 +147,7 @@ def probe_plan(args: argparse.Namespace, chunk: int | None = None, longest: int 
 
 
 def run_calibration(args: argparse.Namespace, engine_opts: dict[str, Any], scn, eng):
-    """The probe and the load point against ``--calibrate`` (a URL, or the scenario's engine started here)."""
+    """The probe and the load points against ``--calibrate`` (a URL, or the scenario's engine started here)."""
     from loadgen.planning.load_point import LoadPointPlan
     from loadgen.target.embedded import EmbeddedEngine
 
@@ -176,8 +176,8 @@ def _calibrate(url: str, plan, point, scn, eng, work: Path, model: str | None):
         return cal
     try:
         points = run_load_points(url, scn, eng, cal.model, slos_of(scn), point, work, model)
-    except ValueError as e:
-        raise UsageError(f"load point: {e} (--load-point 0 skips them)") from None
+    except ValueError as e:  # the target answered too little, or the fit predicts no load: a calibration failure
+        raise RuntimeError(f"load point: {e} (--load-point 0 skips them)") from None
     cal.probe_model, cal.model, cal.load_points = cal.model, scaled(cal.model, points[-1].factor), points
     cal.wall_s += sum(p.wall_s for p in points)
     return cal
