@@ -13,8 +13,8 @@ backend emits for frozen linears) but not public API, so `pack_linears` checks t
 oneDNN builds a kernel ("primitive") per input shape and keeps the last 1,024 it built. A served step's rows
 are its token count, which takes hundreds of values under load (decodes plus prefill chunks of every
 length): with four weight shapes per layer that is past the cache, so it thrashes, and a step that meets a
-rebuilt shape pays ~0.3 ms per linear for it. On `chat.yaml` at 50 req/s, mixed prefill + decode steps ran
-1.1-1.7x what the same steps cost with warm kernels while pure decode steps matched. So rows beyond
+rebuilt shape pays for building it again (bench/cpu_linear_rows_bench.py measures the whole effect on
+prefill steps). So rows beyond
 ``EXACT_ROWS`` are padded up to one of eight sizes per octave (at most 12.5 % padding): 128 row
 counts up to 16,384 tokens, every kernel stays cached (``bench/results/cpu-linear-rows.json``).
 """

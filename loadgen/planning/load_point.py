@@ -4,23 +4,21 @@ the same arrivals, and the probe's step-time model scaled until the two agree.
 Why: the probe's points are clean steps (a fixed batch decoding, one prompt prefilling alone). A served
 engine under the scenario's load runs mixed steps (prefill chunks of every length beside the decodes,
 arrivals, admission, a front end on the same machine), and each of those can cost more than the clean
-steps say: on the reference engine at 50 req/s of ``chat.yaml``, mixed steps took 1.1-1.2x what the fit
-priced them at (and 1.4-1.7x before ``engine/cpu_linear.py`` bucketed its rows), which near the knee
-becomes a larger error in the rated capacity (longer steps, a bigger batch, longer steps again).
+steps say (on the reference engine the factors that fit were 1.1-1.26, ``bench/results/plan.json``), which
+near the knee becomes a larger error in the rated capacity (longer steps, a bigger batch, longer steps
+again).
 
 The points, one after the other: each at its ``fracs`` share of the rated capacity that the model as the
 point before left it predicts (a quick simulation; the first: the probe's fit), for ``duration_s``, with the
-scenario's arrival process, lengths, tiers and shared prefixes. Two by default: the first at 0.6, safely
-below the knee whatever the probe's error; the second at 0.85 of the corrected prediction, near the knee,
-where the capacity is decided and where the extra cost of a loaded step is largest (on the reference engine
-the scale that fits grew from 1.1 at 0.6 to 1.2 at 0.9 of the measured capacity). The last point's factor
-is the calibration's. Compared: each answered
-request's service time (first scheduled to last token: the server's own prefill + decode timing where
-the records carry it, else the client's end-to-end latency, and the simulation's matching figure), mean
-over the requests both answered. The simulation is run on exactly the requests sent (their arrival times,
-prompt and answer lengths, prefixes), from an idle engine as the target started, so the two see the same
-transient. The factor that equates the means (bisection: the simulated mean rises with it) multiplies every
-coefficient of the model.
+scenario's arrival process, lengths, tiers and shared prefixes. Two by default: the first at 0.6, below
+the knee unless the probe's fit overestimates the capacity by more than 1 / 0.6; the second at 0.85 of the
+corrected prediction, near the knee, where the capacity is decided. The last point's factor is the
+calibration's. Compared: each answered request's service time (first scheduled to last token: the
+server's own prefill + decode timing where the records carry it, else the client's end-to-end latency,
+and the simulation's matching figure), mean over the requests both answered. The simulation is run on
+exactly the requests sent (their arrival times, prompt and answer lengths, prefixes), from an idle engine
+as the target started, so the two see the same transient. The factor that equates the means (bisection:
+the simulated mean rises with it) multiplies every coefficient of the model.
 """
 
 from __future__ import annotations
