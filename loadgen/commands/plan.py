@@ -175,7 +175,11 @@ def _calibrate(url: str, plan, point, scn, eng, work: Path, model: str | None):
     if point is None:
         return cal
     try:
-        points = run_load_points(url, scn, eng, cal.model, slos_of(scn), point, work, model)
+        def started(k: int, rate: float, n: int) -> None:
+            print(f"load point {k + 1}/{len(point.fracs)}: {n} requests at {rate:.3g} req/s for "
+                  f"{point.duration_s:g} s ...", file=sys.stderr, flush=True)
+
+        points = run_load_points(url, scn, eng, cal.model, slos_of(scn), point, work, model, started)
     except ValueError as e:  # the target answered too little, or the fit predicts no load: a calibration failure
         raise RuntimeError(f"load point: {e} (--load-point 0 skips them)") from None
     cal.probe_model, cal.model, cal.load_points = cal.model, scaled(cal.model, points[-1].factor), points

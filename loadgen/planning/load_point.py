@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -169,18 +170,22 @@ def fit_factor(reqs: Requests, measured: np.ndarray, eng: EngineShape, model: Li
 
 def run_load_points(target: str, scn: Scenario, eng: EngineShape, model: LinearStep,
                     slos: dict[str, list[SLO]], plan: LoadPointPlan, work_dir: Path,
-                    model_name: str | None = None) -> list[LoadPoint]:
-    """Each of the plan's points in turn; every factor is of ``model`` (the probe's fit)."""
+                    model_name: str | None = None,
+                    on_start: Callable[[int, float, int], None] | None = None) -> list[LoadPoint]:
+    """Each of the plan's points in turn; every factor is of ``model`` (the probe's fit). ``on_start(index,
+    rate, requests)`` is called as each point starts sending (progress)."""
     points: list[LoadPoint] = []
     for k, frac in enumerate(plan.fracs):
         factor = points[-1].factor if points else 1.0
-        points.append(run_load_point(target, scn, eng, model, factor, slos, frac, plan, k, work_dir, model_name))
+        points.append(run_load_point(target, scn, eng, model, factor, slos, frac, plan, k, work_dir, model_name,
+                                     on_start))
     return points
 
 
 def run_load_point(target: str, scn: Scenario, eng: EngineShape, model: LinearStep, factor: float,
                    slos: dict[str, list[SLO]], frac: float, plan: LoadPointPlan, index: int, work_dir: Path,
-                   model_name: str | None = None) -> LoadPoint:
+                   model_name: str | None = None,
+                   on_start: Callable[[int, float, int], None] | None = None) -> LoadPoint:
     t0 = time.monotonic()
     guide = quick_rated(scn, eng, scaled(model, factor), slos)
     if not guide:
@@ -196,6 +201,8 @@ def run_load_point(target: str, scn: Scenario, eng: EngineShape, model: LinearSt
     cfg = ClientConfig(target, model=prepared.model, shape=prepared.shape)
     path = Path(work_dir) / f"load-point-{index}-requests.jsonl"
     path.unlink(missing_ok=True)
+    if on_start is not None:
+        on_start(index, rate, len(specs))
     run_sync(lambda: _send(cfg, specs, path))
     measured, source = service_s(list(read_records(path)), [s.id for s in specs])
     if np.count_nonzero(~np.isnan(measured)) < 10:
