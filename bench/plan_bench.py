@@ -101,6 +101,7 @@ def one(scenario: Path, work: Path, plan_args: list[str], sets: list[str]) -> di
            "load_points": {"before": plan["calibration"].get("load_points"),
                            "after": after["calibration"].get("load_points")},
            "probe_fit_rel_rms": [plan["calibration"]["rel_rms"], after["calibration"]["rel_rms"]],
+           # the calibration's model (the probe's fit scaled by the load points; the key predates them)
            "probe_step_model": {"before": plan["calibration"]["model"], "after": after["calibration"]["model"]},
            "probe_fit_step_model": {"before": plan["calibration"].get("probe_model"),
                                     "after": after["calibration"].get("probe_model")},

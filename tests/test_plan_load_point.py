@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadgen.planning.load_point import FACTOR_BOUNDS, fit_factor, point_specs, scaled, service_s, simulated_s
+from loadgen.planning.load_point import FACTOR_BOUNDS, fit_factor, scaled, service_s, simulated_s
 from loadgen.planning.requests import requests_of
 from loadgen.planning.simulate import EngineShape
 from loadgen.planning.step_model import LinearStep
 from loadgen.scenario.parse import load_scenario
+from loadgen.scenario.steps import step_specs
 
 MODEL = LinearStep(const_s=2e-3, per_seq_s=1e-4, per_token_s=6e-5, per_pair_s=1e-7)
 ENGINE = EngineShape(max_num_seqs=64, tier_ttft_slo_ms={"premium": 300.0, "standard": 800.0})
@@ -19,13 +20,13 @@ ENGINE = EngineShape(max_num_seqs=64, tier_ttft_slo_ms={"premium": 300.0, "stand
 @pytest.fixture(scope="module")
 def requests():
     scn = load_scenario("scenarios/chat.yaml", [])
-    return requests_of(point_specs(scn, 30.0, 20.0, seed=0))
+    return requests_of(step_specs(scn, "rate", 30.0, 0, 0.0, 20.0, draw=1))
 
 
 @pytest.mark.parametrize("truth", [0.8, 1.3])
 def test_the_fit_recovers_a_known_scale(requests, truth):
     measured = simulated_s(requests, ENGINE, scaled(MODEL, truth), server=True)  # a target exactly truth x slower
-    factor, at_one, at_fit, n = fit_factor(requests, measured, ENGINE, MODEL, server=True)
+    factor, at_one, at_fit, _, n = fit_factor(requests, measured, ENGINE, MODEL, server=True)
     assert factor == pytest.approx(truth, rel=0.01)
     assert at_fit == pytest.approx(float(np.nanmean(measured)), rel=0.01)
     assert (at_one < at_fit) == (truth > 1) and n > 0.9 * len(requests)

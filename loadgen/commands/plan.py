@@ -154,7 +154,7 @@ def run_calibration(args: argparse.Namespace, engine_opts: dict[str, Any], scn, 
     plan = probe_plan(args, eng.chunk, scn.synthetic.input_len.longest)
     try:
         fracs = tuple(float(x) for x in str(args.load_point).split(",") if x.strip())
-        point = None if fracs in ((), (0.0,)) else LoadPointPlan(fracs, args.load_point_s, scn.seed)
+        point = None if fracs in ((), (0.0,)) else LoadPointPlan(fracs, args.load_point_s)
     except ValueError as e:
         raise UsageError(f"--load-point {args.load_point!r} / --load-point-s: {e}") from None
     with tempfile.TemporaryDirectory(prefix="slobench-plan-") as tmp:

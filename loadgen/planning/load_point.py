@@ -42,8 +42,8 @@ from loadgen.results import latency
 from loadgen.results.records import RecordWriter, read_records
 from loadgen.results.slo import SLO
 from loadgen.scenario.model import Scenario
+from loadgen.scenario.steps import step_specs
 from loadgen.target.prepare import TargetOptions, prepare_target
-from loadgen.workload.arrivals import Arrivals
 from loadgen.workload.specs import RequestSpec
 
 FACTOR_BOUNDS = (0.25, 4.0)
@@ -54,7 +54,6 @@ QUICK_REQUESTS = 3000  # the rate-finding simulation's: a guide, not the predict
 class LoadPointPlan:
     fracs: tuple[float, ...] = (0.6, 0.85)  # each of the rated capacity the model so far predicts
     duration_s: float = 20.0
-    seed: int = 0
 
     def __post_init__(self) -> None:
         if not self.fracs or not all(0 < f <= 1.5 for f in self.fracs) or self.duration_s < 2:
@@ -69,8 +68,8 @@ class LoadPoint:
     sent: int
     compared: int  # answered by both the target and the simulation
     guide_rps: float  # the quick prediction the rate was set from (the model as the point before left it)
-    measured_ms: float  # mean service time
-    simulated_probe_ms: float  # the simulation's, with the probe's fit
+    measured_ms: float  # mean service time of the ``compared`` requests
+    simulated_probe_ms: float  # the simulation's, with the probe's fit (the same requests at factor 1)
     factor: float  # of the probe's fit
     simulated_ms: float  # the simulation's, with the fit scaled by ``factor``
     source: str  # "server timing" | "client timing"
@@ -90,17 +89,6 @@ def quick_rated(scn: Scenario, eng: EngineShape, model: LinearStep, slos: dict[s
     pred = Predictor([draw(scn, scn.seed * 7919 + 1, QUICK_REQUESTS)], eng, model, slos)
     one = float(model.step_s(1, 1, 1, 1))
     return pred.rated_capacity(max(0.05 / max(one, 1e-6), 0.1), rel_tol=0.03)
-
-
-def point_specs(scn: Scenario, rate: float, duration_s: float, seed: int) -> list[RequestSpec]:
-    """The scenario's requests over ``duration_s`` at ``rate`` req/s (its arrival process and workload)."""
-    a = scn.arrivals
-    times = Arrivals(a.kind if a else "poisson", rate=rate, burstiness=a.burstiness if a else 1.0).times(
-        duration_s=duration_s, seed=seed)
-    specs = scn.synthetic.generate(times, seed=seed + 1)
-    for s in specs:
-        s.id = f"lp{seed}-{s.id}"
-    return specs
 
 
 async def _send(cfg: ClientConfig, specs: list[RequestSpec], path: Path) -> None:
@@ -138,9 +126,9 @@ def simulated_s(reqs: Requests, eng: EngineShape, model: LinearStep, server: boo
 
 
 def fit_factor(reqs: Requests, measured: np.ndarray, eng: EngineShape, model: LinearStep,
-               server: bool) -> tuple[float, float, float, int]:
-    """(factor, simulated mean at factor 1, simulated mean at the factor, requests compared). The factor is
-    clamped to ``FACTOR_BOUNDS``."""
+               server: bool) -> tuple[float, float, float, float, int]:
+    """(factor, simulated mean at factor 1, simulated mean at the factor, measured mean, requests compared),
+    the means over the requests both answered. The factor is clamped to ``FACTOR_BOUNDS``."""
     def means_at(f: float) -> tuple[float, float, int]:
         """(simulated, measured) means over the requests both answered, and how many."""
         sim = simulated_s(reqs, eng, scaled(model, f), server)
@@ -164,8 +152,8 @@ def fit_factor(reqs: Requests, measured: np.ndarray, eng: EngineShape, model: Li
             mid = math.sqrt(lo * hi)
             lo, hi = (mid, hi) if short(mid) else (lo, mid)
         f = math.sqrt(lo * hi)
-    sim, _, n = means_at(f)
-    return f, at_one, sim, n
+    sim, meas, n = means_at(f)
+    return f, at_one, sim, meas, n
 
 
 def run_load_points(target: str, scn: Scenario, eng: EngineShape, model: LinearStep,
@@ -191,7 +179,8 @@ def run_load_point(target: str, scn: Scenario, eng: EngineShape, model: LinearSt
     if not guide:
         raise ValueError("the step model predicts no load that keeps the SLOs: no load point to measure")
     rate = frac * guide
-    specs = point_specs(scn, rate, plan.duration_s, plan.seed + 7 * index)
+    # the scenario's requests as a capacity step builds them, on a fresh arrival draw per point
+    specs = step_specs(scn, "rate", rate, index, 0.0, plan.duration_s, draw=index + 1)
     if len(specs) < 20:
         raise ValueError(f"the load point at {rate:.3g} req/s for {plan.duration_s:g} s has {len(specs)} requests: "
                          f"too few (lengthen it)")
@@ -207,7 +196,7 @@ def run_load_point(target: str, scn: Scenario, eng: EngineShape, model: LinearSt
     measured, source = service_s(list(read_records(path)), [s.id for s in specs])
     if np.count_nonzero(~np.isnan(measured)) < 10:
         raise ValueError(f"the load point at {rate:.3g} req/s got fewer than 10 answers")
-    fitted, at_one, at_f, n = fit_factor(reqs, measured, eng, model, source == "server timing")
+    fitted, at_one, at_f, meas, n = fit_factor(reqs, measured, eng, model, source == "server timing")
     return LoadPoint(frac=frac, rate=rate, duration_s=plan.duration_s, sent=len(specs), compared=n, guide_rps=guide,
-                     measured_ms=float(np.nanmean(measured)) * 1e3, simulated_probe_ms=at_one * 1e3, factor=fitted,
+                     measured_ms=meas * 1e3, simulated_probe_ms=at_one * 1e3, factor=fitted,
                      simulated_ms=at_f * 1e3, source=source, wall_s=time.monotonic() - t0)
