@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 
 
-def run_seed(scenario: Path, seed: int, work: Path) -> dict:
-    out = work / f"seed-{seed}"
+def run_seed(scenario: Path, seed: int, work: Path, index: int) -> dict:
+    out = work / f"run-{index}-seed-{seed}"
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "loadgen.cli", "capacity", str(scenario), "--seed", str(seed),
                         "--out", str(out), "--no-progress", "--no-report"], cwd=REPO, capture_output=True, text=True)
@@ -43,28 +43,32 @@ def run_seed(scenario: Path, seed: int, work: Path) -> dict:
     return {"seed": seed, "returncode": r.returncode, "verdict": s.get("verdict"), "valid": s.get("valid"),
             "rated_capacity": {k: rc.get(k) for k in keep}, "steps": len(s.get("steps") or []),
             "phases": [st.get("phase") for st in s.get("steps") or []],
-            "run_duration_s": s.get("duration_s"), "wall_s": round(wall, 1)}
+            "run_duration_s": s.get("duration_s"), "wall_s": round(wall, 1), "run_dir": str(out)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "chat.yaml")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
+                    help="one run per entry; a seed given twice is run twice (machine noise beside the draw's)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "capacity-seeds.json")
+    ap.add_argument("--keep", type=Path, help="keep the run folders here (default: a temporary folder)")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="capacity-seeds-"))
+    work = args.keep or Path(tempfile.mkdtemp(prefix="capacity-seeds-"))
+    work.mkdir(parents=True, exist_ok=True)
     runs = []
-    for seed in args.seeds:
+    for index, seed in enumerate(args.seeds):
         print(f"seed {seed}: slobench capacity {args.scenario} ...", flush=True)
-        runs.append(run_seed(args.scenario, seed, work))
+        runs.append(run_seed(args.scenario, seed, work, index))
         print("  " + json.dumps(runs[-1]), flush=True)
     rated = [r["rated_capacity"]["rate_rps"] for r in runs if (r.get("rated_capacity") or {}).get("rate_rps")]
     inside = {}
-    for r in runs:
+    unique = len(set(args.seeds)) == len(args.seeds)
+    for index, r in enumerate(runs):
         rc = r.get("rated_capacity") or {}
         others = [o for o in runs if o is not r and (o.get("rated_capacity") or {}).get("ci_low") is not None]
         if rc.get("rate_rps") is not None and others:
-            inside[str(r["seed"])] = all(
+            inside[str(r["seed"]) if unique else f"run {index} (seed {r['seed']})"] = all(
                 o["rated_capacity"]["ci_low"] <= rc["rate_rps"] <= o["rated_capacity"]["ci_high"] for o in others)
     result = {
         "bench": "capacity_seeds_bench", "when": now_iso(), "git_commit": git_commit(), "machine": machine(),

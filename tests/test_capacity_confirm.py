@@ -80,6 +80,21 @@ def test_confirmation_with_a_fresh_draw_reopens_a_bracket_the_common_pattern_mis
     assert "reopening" in out.text
 
 
+def test_a_reopened_bracket_gets_the_bisections_it_needs_when_the_ramp_spent_the_budget():
+    """The ramp's 64 passes on the common pattern, fresh draws fail there (the truth: 58); the budget is
+    spent by the ramp and the first bisections. The reopened bracket [32, 64] still converges to 5 %."""
+    def measure(load, phase, draw):
+        return StepResult(load <= (64.0 if draw == 0 else 58.0))
+
+    out = CapacitySearch(SearchConfig(start=4, growth=2, tolerance=0.05, max_steps=9)).run(measure, draws=True)
+    assert out.verdict == "rated" and out.reopens >= 1 and out.converged and out.confirmed
+    assert 58.0 / 1.05 <= out.rated_load <= 58.0 < out.first_fail_load <= out.rated_load * 1.05
+    assert "step budget" not in out.text
+    searched = [st for st in out.steps if st.phase != "confirm"]
+    assert len(searched) > 9  # past max_steps, by the bisections the reopened bracket needed
+    assert len(searched) <= 9 + out.reopens * 4  # log2(ln 2 / ln 1.05) -> 4 per reopening at most
+
+
 def test_a_disagreeing_confirmation_is_broken_by_a_third_draw():
     """A pass end that fails once on a fresh draw and passes on the next keeps its rating (2 of 3)."""
     seen = {}

@@ -123,3 +123,27 @@ def test_open_ends_and_nothing_judged():
     steps[3]["counted"] = False
     c = rate(steps, "concurrency", n_boot=50)
     assert c["of"] == "concurrency" and c["estimate"] == pytest.approx(10.0 * 1.05, rel=0.1)
+
+
+def test_a_step_is_placed_at_its_planned_rate_not_at_what_it_sent_before_a_breach():
+    steps, _ = curve_steps(LOADS, 8)
+    sent_in_burst = [dict(st) for st in steps]
+    for st in sent_in_burst:  # failing steps stopped in a burst: what they sent runs 30 % above their load
+        if st["offered_rps"] > 10.0:
+            st["planned_rps"], st["offered_rps"] = st["offered_rps"], st["offered_rps"] * 1.3
+    placed = rate(sent_in_burst, n_boot=50)
+    assert placed["estimate"] == pytest.approx(rate(steps, n_boot=50)["estimate"])
+    assert placed["cliff_gap"] == [9.6, 10.4]
+    without = [{k: v for k, v in st.items() if k != "planned_rps"} for st in sent_in_burst]
+    biased = rate(without, n_boot=50)  # the bias planned_rps removes: the crossing moves up into the gap
+    assert biased["estimate"] > 1.1 * placed["estimate"] and biased["boundary"] == "gradual"
+
+
+def test_planned_rate_counts_the_whole_planned_window():
+    from loadgen.capacity.step_stats import StepWindow
+
+    st = StepWindow(0, 10.0, "bisect", start_s=0.0, w0=3.0, w1=13.0)
+    assert st.planned_rps() is None  # closed loop: no schedule
+    st.arrivals = [0.5, 2.9] + [3.0 + 0.1 * i for i in range(100)] + [13.0, 14.0]
+    st.stopped_at = 4.0  # an early stop does not change what the step's draw was going to offer
+    assert st.planned_rps() == pytest.approx(10.0)

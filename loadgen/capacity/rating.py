@@ -5,8 +5,9 @@ and around them, the SLO actually breaks, and how sure the steps are of it:
 
 - **Margin against load.** For each judged SLO (tier, metric), each counted step gives a *margin*: its
   judged quantile / the threshold (> 1 breaks; a quantile on a failed request is capped at
-  ``MARGIN_CAP``). The load is the step's *offered* rate (rate axis: ``offered_rps``, else its window's
-  requests / window length) or its users (concurrency axis).
+  ``MARGIN_CAP``). The load is the rate the step's arrivals offer over its planned window (rate axis:
+  ``planned_rps``, else ``offered_rps``, else its window's requests / window length) or its users
+  (concurrency axis).
 - **Isotonic fit.** log(margin) is fitted against load with a non-decreasing step function
   (pool-adjacent-violators, weighted by each step's judged requests): more load never helps, and noise
   that says otherwise is pooled away. Steps at the same load are pooled first.
@@ -120,9 +121,16 @@ def cliff_gap(x: Sequence[float], logm: Sequence[float], w: Sequence[float]) -> 
 
 
 def step_load(step: Mapping[str, Any], axis: str) -> float | None:
-    """The load a step is placed at: its offered rate (rate axis) or its users (concurrency axis)."""
+    """The load a step is placed at: the rate its arrivals offer over its whole planned window
+    (``planned_rps``; else its offered rate) on the rate axis, its users on the concurrency axis. Not the
+    rate of what it sent before an early stop: a step stopped at a breach stopped because a burst filled
+    its first seconds (at 64 req/s asked, a step stopped 5 s in had sent at 84 req/s), which placed every
+    early breach above its load and the crossing too high."""
     if axis == "concurrency":
         return _num(step.get("load"))
+    planned = _num(step.get("planned_rps"))
+    if planned is not None and planned > 0:
+        return planned
     offered = _num(step.get("offered_rps"))
     if offered is not None and offered > 0:
         return offered

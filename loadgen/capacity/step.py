@@ -170,6 +170,8 @@ class CapacityRunner:
             sp.arrival_s += start
         st = StepWindow(index, load, phase, start, start + plan.step.warmup_s, start + dur)
         arrivals = [(s.arrival_s, s.tier or "none") for s in specs]  # open loop: known in advance
+        if not plan.closed and not any(s.follow_up for s in specs):  # a later turn's time waits on an answer
+            st.arrivals = [a for a, _ in arrivals]
         self.writer.step_records = []
         prog = driver.progress
         base = (prog.sent, prog.done, prog.errors)

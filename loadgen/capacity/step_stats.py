@@ -47,6 +47,16 @@ class StepWindow:
     samples: dict[str, dict[str, int]] = field(default_factory=dict)  # tier -> SLO metric -> requests deciding
     looks: int = 0  # the sequential test's looks
     loop_lag_ms: list[float] = field(default_factory=list)  # how late the monitor's 0.1 s sleeps woke
+    arrivals: list[float] = field(default_factory=list)  # open loop: every request's scheduled time, sent or not
+
+    def planned_rps(self) -> float | None:
+        """The rate the step's arrivals offer over its whole planned window, [w0, w1), however early it
+        stopped. A step stopped at a breach stops *because* a burst filled its window's first seconds, so
+        the rate of what it sent until then overstates its load; this is the load its draw was going to put
+        on the target, decided before the step started. None for closed loop (no schedule)."""
+        if not self.arrivals or self.w1 <= self.w0:
+            return None
+        return sum(1 for a in self.arrivals if self.w0 <= a < self.w1) / (self.w1 - self.w0)
 
     @property
     def window_end(self) -> float:
@@ -93,6 +103,7 @@ def step_detail(plan: CapacityPlan, st: StepWindow, records: Sequence[RequestRec
         "warmup_s": round(st.w0 - st.start_s, 3), "steady": st.steady,
         "disturbed": disturbed, "disturbance": disturbance, "loop_lag_ms": lag,
         "offered_rps": sent / win_s if win_s > 0 else None, "scheduled_rps": arrivals,
+        "planned_rps": st.planned_rps(),
         "throughput_rps": len(ok) / win_s if win_s > 0 else None,
         "output_tok_s": sum(r.output_tokens or 0 for r in ok) / win_s if win_s > 0 else None,
         "goodput_rps": goodput_rps(window, plan.slos, win_s),
