@@ -147,3 +147,27 @@ def test_planned_rate_counts_the_whole_planned_window():
     st.arrivals = [0.5, 2.9] + [3.0 + 0.1 * i for i in range(100)] + [13.0, 14.0]
     st.stopped_at = 4.0  # an early stop does not change what the step's draw was going to offer
     assert st.planned_rps() == pytest.approx(10.0)
+
+
+def test_windows_that_asked_for_one_load_are_resampled_among_themselves():
+    from loadgen.capacity.rating import _resample_windows
+
+    picks, column = _resample_windows({0: 4.0, 1: 8.0, 2: 8.0, 3: 8.0, 5: 16.0}, 500, np.random.default_rng(0))
+    assert column == {0: 0, 1: 1, 2: 2, 3: 3, 5: 4}
+    assert (picks[:, [0, 4]] == 1).all()  # a load measured once keeps its one window
+    assert (picks[:, 1:4].sum(axis=1) == 3).all() and (picks[:, 1:4] == 0).any()  # the repeats: drawn among them
+
+
+def test_a_bracket_end_whose_windows_disagree_widens_the_interval_below_it():
+    """At 10 req/s three windows pass and one (a confirmation on another draw) met a burst: the fit at 10
+    still passes, and the request-level bootstrap alone keeps it a pass in every replicate; resampling
+    the windows measured at 10 does not (a replicate that drew the burst twice fails there)."""
+    steps, _ = curve_steps([6.0, 8.0, 10.0, 10.0, 10.0, 10.0, 11.0, 12.0], 8, cap=10.5)
+    burst = steps[3]["tiers"]["premium"]["judged"]["ttft_ms"]
+    burst.update(value_ms_q=600.0, ci_low_ms=560.0, ci_high_ms=640.0, passed=False)  # margin 2
+    for st in steps:
+        st["load"] = round(st["offered_rps"])  # what each step asked for: the four at 10 are one load
+    r = rate(steps, n_boot=400, seed=3)
+    assert r["estimate"] > 10.0 and r["ci_low"] < 9.9
+    agree = [st for i, st in enumerate(steps) if i != 3]
+    assert rate(agree, n_boot=400, seed=3)["ci_low"] >= 10.0

@@ -16,7 +16,11 @@ and around them, the SLO actually breaks, and how sure the steps are of it:
   the lowest crossing over every SLO; ``binding`` names the SLO it belongs to. When every step passes
   (or fails) the crossing lies outside the loads tried: the estimate is the highest (lowest) load tried,
   and ``open`` says ``"above"`` (``"below"``).
-- **Bootstrap.** Each replicate resamples, for every step and SLO, the step's own requests' SLO values
+- **Bootstrap.** Each replicate first resamples, among the steps that asked for the same load (a
+  bracket end and its confirmations, each a window of its own arrival draw), which of them were measured:
+  where failures come in bursts (admission refusing a run of requests) whether a window met one is most
+  of the uncertainty, and resampling its requests alone cannot show it. Then, for every chosen step and
+  SLO, it resamples the step's own requests' SLO values
   (``latency.slo_values`` of its window's records in ``requests.jsonl``, by ``stage``) with replacement,
   takes the quantile again, refits and takes the lowest crossing; ``ci_low`` / ``ci_high`` are the
   replicates' percentiles at the confidence level (0.95: 2.5 % and 97.5 %), widened to the estimate in
@@ -176,11 +180,13 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
     """The rated capacity's estimate, interval, boundary and binding SLO from a capacity summary's
     ``steps`` (counted ones: a step re-measured because it was disturbed is left out) and, when given,
     the run's records by stage. None when no step judged an SLO."""
-    pts: dict[tuple[str, str], list[tuple[float, float, float, dict, float, int]]] = {}
+    pts: dict[tuple[str, str], list[tuple[float, float, float, dict, float, int, int]]] = {}
     breach: dict[tuple[str, str], set] = {}
-    for st in steps:
+    asked: dict[int, float] = {}  # step ordinal -> the load it asked for (its stratum in the bootstrap)
+    for ordinal, st in enumerate(steps):
         if st.get("counted") is False:
             continue
+        asked[ordinal] = _num(st.get("load")) or 0.0
         x = step_load(st, axis)
         if x is None or x <= 0:
             continue
@@ -190,7 +196,8 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
                     continue
                 m = _margin(j.get("value_ms_q"), float(j["threshold_ms"]))
                 q = float(e.get("quantile") or 0.99)
-                pts.setdefault((tier, metric), []).append((x, math.log(m), float(j["n"]), j, q, st.get("index")))
+                pts.setdefault((tier, metric), []).append((x, math.log(m), float(j["n"]), j, q, st.get("index"),
+                                                           ordinal))
                 if st.get("early") == "breach":
                     breach.setdefault((tier, metric), set()).add(st.get("index"))
     if not pts:
@@ -201,6 +208,7 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
     est: dict[tuple[str, str], tuple[float, str | None]] = {}
     boot = np.full(n_boot, math.inf)
     loads_all: list[float] = []
+    picks, column = _resample_windows(asked, n_boot, rng)
     for key, rows in sorted(pts.items()):
         rows.sort(key=lambda r: r[0])
         x = np.asarray([r[0] for r in rows])
@@ -210,13 +218,19 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
         ux, inv = np.unique(x, return_inverse=True)
         est[key] = crossing(ux, _pool(lm, w, inv, len(ux)), np.bincount(inv, w))
         sims = np.empty((n_boot, len(rows)))
-        for k, (_x, _lm, _w, j, q, idx) in enumerate(rows):
+        for k, (_x, _lm, _w, j, q, idx, _o) in enumerate(rows):
             vals = _values(records, idx, key, j) if records is not None else None
             sims[:, k], how = _boot_margins(vals, j, q, n_boot, rng, z)
             methods.add(how)
-        wu = np.bincount(inv, w)
+        cols = np.asarray([column[r[6]] for r in rows])
         for b in range(n_boot):
-            boot[b] = min(boot[b], crossing(ux, _pool(sims[b], w, inv, len(ux)), wu)[0])
+            wb = w * picks[b, cols]
+            keep = wb > 0
+            if not keep.any():  # none of this SLO's steps drawn: its steps as measured
+                keep, wb = np.ones(len(rows), dtype=bool), w
+            ub, ib = np.unique(x[keep], return_inverse=True)
+            fit = _pool(sims[b][keep], wb[keep], ib, len(ub))
+            boot[b] = min(boot[b], crossing(ub, fit, np.bincount(ib, wb[keep]))[0])
     binding = min(est, key=lambda k: est[k][0])
     value, open_end = est[binding]
     a = (1.0 - confidence) / 2.0
@@ -245,6 +259,25 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
                       for m in sorted(methods, reverse=True)),
         "n_boot": n_boot, "seed": seed,
     }
+
+
+def _resample_windows(asked: Mapping[int, float], n_boot: int, rng: np.random.Generator
+                      ) -> tuple[np.ndarray, dict[int, int]]:
+    """How often each step is drawn in each replicate ([n_boot, steps]) and each step's column: the steps
+    that asked for one load (a bracket end and its confirmations, each on its own arrival draw) are
+    resampled among themselves; a load measured once keeps its one step. The loads are the search's
+    design, not a sample, so they are not resampled: a replicate that lost the one step near the knee
+    would fit across the ramp's whole gap."""
+    order = sorted(asked)
+    column = {ordinal: c for c, ordinal in enumerate(order)}
+    picks = np.ones((n_boot, len(order)), dtype=np.int64)
+    by_load: dict[float, list[int]] = {}
+    for ordinal in order:
+        by_load.setdefault(asked[ordinal], []).append(column[ordinal])
+    for cols in by_load.values():
+        if len(cols) > 1:
+            picks[:, cols] = rng.multinomial(len(cols), np.full(len(cols), 1.0 / len(cols)), size=n_boot)
+    return picks, column
 
 
 def _pool(lm: np.ndarray, w: np.ndarray, inv: np.ndarray, n: int) -> np.ndarray:
