@@ -53,7 +53,7 @@ class StepWindow:
         """The rate the step's arrivals offer over its whole planned window, [w0, w1), however early it
         stopped. A step stopped at a breach stops *because* a burst filled its window's first seconds, so
         the rate of what it sent until then overstates its load; this is the load its draw was going to put
-        on the target, decided before the step started. None for closed loop (no schedule)."""
+        on the target, decided before the step started. None without a schedule (closed loop, conversations)."""
         if not self.arrivals or self.w1 <= self.w0:
             return None
         return sum(1 for a in self.arrivals if self.w0 <= a < self.w1) / (self.w1 - self.w0)
