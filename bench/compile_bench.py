@@ -6,7 +6,7 @@ new batch size is not a new graph) and measures, in one process per variant, on 
 
 - decode step time at 1 / 8 / 32 sequences (sampled at temperature 1) and a lone 160-token prefill step;
 - useful output tok/s on the engine-speed work (32 prompts of 128 random ids, output lengths uniform 8-256,
-  greedy, all at once; `bench/engine_speed_bench.py`'s), median of `--repeats`;
+  greedy, all at once; `bench/engine_speed_bench.py`'s), median of 3 runs;
 - the warm-up spent compiling (the first steps of every shape the timed part meets).
 
 Variants: `eager_packed` (what the engine runs), `eager_dense` (torch's `F.linear`), `compile_dense`
@@ -63,7 +63,7 @@ def compile_forward(model, freeze: bool) -> None:
 def measure(variant: str, model_dir: str, repeats: int) -> dict:
     """One variant in this process: step times, the engine-speed work's tok/s, the compile warm-up."""
     import torch
-    from engine_speed_bench import workload  # this script's own folder is on sys.path
+    from engine_speed_bench import run_work, workload  # this script's own folder is on sys.path
     from torch._dynamo.utils import counters
 
     from engine import Engine, EngineConfig, SamplingParams
@@ -95,17 +95,7 @@ def measure(variant: str, model_dir: str, repeats: int) -> dict:
     prefill = statistics.median(run(1, 1)[0] for _ in range(repeats)) * 1e3
 
     prompts, lengths = workload(0)
-
-    def work() -> float:
-        t = time.perf_counter()
-        ids = [engine.add_request(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-               for p, n in zip(prompts, lengths, strict=True)]
-        done = 0
-        while done < len(ids):
-            done += sum(1 for o in engine.step() if o.finished)
-        return time.perf_counter() - t
-
-    work_s = [work() for _ in range(3)]
+    work_s = [run_work(engine, prompts, lengths) for _ in range(3)]
     return {"variant": variant, "warmup_s": warmup_s, "decode_step_ms": decode, "prefill_step_ms": prefill,
             "work_seconds": work_s, "useful_tok_s": sum(lengths) / statistics.median(work_s),
             "graphs": counters["stats"].get("unique_graphs", 0),

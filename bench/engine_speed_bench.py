@@ -57,22 +57,25 @@ def workload(seed: int) -> tuple[list[list[int]], list[int]]:
     return prompts, [rng.randint(OUT_MIN, OUT_MAX) for _ in range(NUM_PROMPTS)]
 
 
+def run_work(engine, prompts: list[list[int]], lengths: list[int]) -> float:
+    """Seconds for an `Engine` to answer every prompt with its length of greedy tokens, all submitted at once."""
+    from engine import SamplingParams
+
+    t0 = time.perf_counter()
+    ids = [engine.add_request(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+           for p, n in zip(prompts, lengths, strict=True)]
+    done = 0
+    while done < len(ids):
+        done += sum(1 for o in engine.step() if o.finished)
+    return time.perf_counter() - t0
+
+
 def time_engine(folder: Path, prompts: list[list[int]], lengths: list[int], repeats: int) -> dict:
-    from engine import Engine, EngineConfig, SamplingParams
+    from engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model=str(folder), num_threads=1, admission="queue-length"))
-
-    def once(lens: list[int]) -> float:
-        t0 = time.perf_counter()
-        ids = [engine.add_request(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-               for p, n in zip(prompts, lens, strict=True)]
-        done = 0
-        while done < len(ids):
-            done += sum(1 for o in engine.step() if o.finished)
-        return time.perf_counter() - t0
-
-    once([8] * len(prompts))  # warm-up
-    times = [once(lengths) for _ in range(repeats)]
+    run_work(engine, prompts, [8] * len(prompts))  # warm-up
+    times = [run_work(engine, prompts, lengths) for _ in range(repeats)]
     t = statistics.median(times)
     return {"seconds": times, "useful_tok_s": sum(lengths) / t}
 
