@@ -156,6 +156,8 @@ def test_windows_that_asked_for_one_load_are_resampled_among_themselves():
     assert column == {0: 0, 1: 1, 2: 2, 3: 3, 5: 4}
     assert (picks[:, [0, 4]] == 1).all()  # a load measured once keeps its one window
     assert (picks[:, 1:4].sum(axis=1) == 3).all() and (picks[:, 1:4] == 0).any()  # the repeats: drawn among them
+    unnamed, _ = _resample_windows({0: None, 1: None, 2: 8.0}, 200, np.random.default_rng(0))
+    assert (unnamed == 1).all()  # steps that name no load are not one load
 
 
 def test_a_bracket_end_whose_windows_disagree_widens_the_interval_below_it():

@@ -182,11 +182,11 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
     the run's records by stage. None when no step judged an SLO."""
     pts: dict[tuple[str, str], list[tuple[float, float, float, dict, float, int, int]]] = {}
     breach: dict[tuple[str, str], set] = {}
-    asked: dict[int, float] = {}  # step ordinal -> the load it asked for (its stratum in the bootstrap)
+    asked: dict[int, float | None] = {}  # step ordinal -> the load it asked for (its stratum in the bootstrap)
     for ordinal, st in enumerate(steps):
         if st.get("counted") is False:
             continue
-        asked[ordinal] = _num(st.get("load")) or 0.0
+        asked[ordinal] = _num(st.get("load"))
         x = step_load(st, axis)
         if x is None or x <= 0:
             continue
@@ -261,19 +261,20 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
     }
 
 
-def _resample_windows(asked: Mapping[int, float], n_boot: int, rng: np.random.Generator
+def _resample_windows(asked: Mapping[int, float | None], n_boot: int, rng: np.random.Generator
                       ) -> tuple[np.ndarray, dict[int, int]]:
     """How often each step is drawn in each replicate ([n_boot, steps]) and each step's column: the steps
     that asked for one load (a bracket end and its confirmations, each on its own arrival draw) are
-    resampled among themselves; a load measured once keeps its one step. The loads are the search's
-    design, not a sample, so they are not resampled: a replicate that lost the one step near the knee
-    would fit across the ramp's whole gap."""
+    resampled among themselves; a load measured once (or a step that names no load) keeps its one step.
+    The loads are the search's design, not a sample, so they are not resampled: a replicate that lost the
+    one step near the knee would fit across the ramp's whole gap."""
     order = sorted(asked)
     column = {ordinal: c for c, ordinal in enumerate(order)}
     picks = np.ones((n_boot, len(order)), dtype=np.int64)
     by_load: dict[float, list[int]] = {}
     for ordinal in order:
-        by_load.setdefault(asked[ordinal], []).append(column[ordinal])
+        if asked[ordinal] is not None:
+            by_load.setdefault(asked[ordinal], []).append(column[ordinal])
     for cols in by_load.values():
         if len(cols) > 1:
             picks[:, cols] = rng.multinomial(len(cols), np.full(len(cols), 1.0 / len(cols)), size=n_boot)
