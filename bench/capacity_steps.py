@@ -1,0 +1,91 @@
+"""Every step of kept capacity runs, as a table: what each asked for and offered, what decided it, and how its
+failures came (one by one, or a run of refused requests in a burst).
+
+    python bench/capacity_steps.py RUN_DIR [RUN_DIR ...] --json bench/results/capacity-steps.json
+
+RUN_DIR: a ``slobench capacity`` run folder (``summary.json`` + ``requests.jsonl``), e.g. the ones
+``bench/capacity_seeds_bench.py --keep DIR`` leaves. Per step and judged tier: the window's requests, how
+many the target refused (HTTP 429: each counts as infinitely late in the SLO), how many were still in
+flight when a step stopped at its breach (cut: they count with the time they had waited) or failed
+otherwise, the p99 TTFT of the answered ones, and the most refusals within any ``--burst-s`` (0.5 s). Nothing is
+measured here: it reads what the runs wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadgen.capacity.rating import step_load, window_records  # noqa: E402
+from loadgen.results import latency  # noqa: E402
+from loadgen.results.rundir import read_run_records  # noqa: E402
+
+
+def most_within(times: list[float], span_s: float) -> int:
+    """The most of ``times`` (sorted) inside any interval of length ``span_s``."""
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] > span_s:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+def step_rows(run_dir: Path, burst_s: float) -> list[dict]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = summary.get("steps") or []
+    windows = window_records(steps, read_run_records(run_dir))
+    rows = []
+    for st in steps:
+        tiers = {}
+        for tier, entry in (st.get("tiers") or {}).items():
+            if not entry.get("judged"):
+                continue
+            recs = sorted((r for r in windows.get(st["index"], []) if (r.get("tier") or "none") == tier),
+                          key=lambda r: r["scheduled_s"])
+            refused = [r["scheduled_s"] for r in recs if r.get("status") == "rejected"]
+            answered = [v for r in recs if latency.succeeded(r) and (v := latency.ttft_ms(r)) is not None]
+            tiers[tier] = {"requests": len(recs), "refused": len(refused),
+                           "cut_at_stop": sum(1 for r in recs if r.get("status") == "cancelled"),
+                           "other_failed": sum(1 for r in recs if r.get("status") not in ("ok", "rejected",
+                                                                                           "cancelled")),
+                           "answered_p99_ttft_ms": latency.percentile(answered, 99) if answered else None,
+                           f"most_refused_within_{burst_s:g}_s": most_within(refused, burst_s)}
+        rows.append({"index": st["index"], "phase": st.get("phase"), "draw": st.get("draw"),
+                     "asked_rps": st.get("load"), "offered_rps": st.get("offered_rps"),
+                     "placed_rps": step_load(st, summary.get("axis") or "rate"),
+                     "duration_s": st.get("duration_s"), "passed": st.get("passed"), "early": st.get("early"),
+                     "counted": st.get("counted"), "tiers": tiers})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="capacity run folders")
+    ap.add_argument("--burst-s", type=float, default=0.5, help="the span failures are counted within")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    missing = [str(r) for r in args.runs if not (r / "summary.json").is_file()]
+    if missing:
+        ap.error(f"no summary.json in {', '.join(missing)}")
+    out = {"bench": "capacity_steps", "burst_s": args.burst_s,
+           "runs": {r.name: step_rows(r, args.burst_s) for r in args.runs}}
+    for run, rows in out["runs"].items():
+        print(run)
+        for row in rows:
+            fails = {t: f"{e['refused']}/{e['requests']}" for t, e in row["tiers"].items()}
+            print(f"  {row['index']:>2} {row['phase']:<8} asked {row['asked_rps']:6.1f} "
+                  f"offered {row['offered_rps'] or 0:6.1f} {'pass' if row['passed'] else 'FAIL'} "
+                  f"{row['early'] or '':<6} refused {fails}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
