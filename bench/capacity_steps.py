@@ -21,7 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.capacity.rating import step_load, window_records  # noqa: E402
+from loadgen.capacity.rating import step_load  # noqa: E402
+from loadgen.capacity.step_stats import window_records  # noqa: E402
 from loadgen.results import latency  # noqa: E402
 from loadgen.results.rundir import read_run_records  # noqa: E402
 

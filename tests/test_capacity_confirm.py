@@ -63,7 +63,7 @@ def test_confirmation_with_a_fresh_draw_reopens_a_bracket_the_common_pattern_mis
     def measure(load, phase, draw):
         return StepResult(load <= (10.0 if draw == 0 else 9.0))
 
-    s = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.03, max_steps=20))
+    s = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.03, max_steps=20, arrivals="common"))
     out = s.run(measure, draws=True)
     assert out.verdict == "rated" and out.confirmed and out.converged and 1 <= out.reopens <= 2
     assert 9.0 * 0.97 <= out.rated_load <= 9.0 < out.first_fail_load
@@ -86,7 +86,8 @@ def test_a_reopened_bracket_gets_the_bisections_it_needs_when_the_ramp_spent_the
     def measure(load, phase, draw):
         return StepResult(load <= (64.0 if draw == 0 else 58.0))
 
-    out = CapacitySearch(SearchConfig(start=4, growth=2, tolerance=0.05, max_steps=9)).run(measure, draws=True)
+    cfg = SearchConfig(start=4, growth=2, tolerance=0.05, max_steps=9, arrivals="common")
+    out = CapacitySearch(cfg).run(measure, draws=True)
     assert out.verdict == "rated" and out.reopens >= 1 and out.converged and out.confirmed
     assert 58.0 / 1.05 <= out.rated_load <= 58.0 < out.first_fail_load <= out.rated_load * 1.05
     assert "step budget" not in out.text
@@ -103,7 +104,7 @@ def test_a_disagreeing_confirmation_is_broken_by_a_third_draw():
         seen[draw] = load
         return StepResult(not (phase == "confirm" and draw == 1) and load <= 8.0)
 
-    out = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.05)).run(measure, draws=True)
+    out = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.05, arrivals="common")).run(measure, draws=True)
     assert out.verdict == "rated" and out.confirmed and out.reopens == 0
     at = [st for st in out.steps if st.load == out.rated_load]
     assert [st.passed for st in at] == [True, False, True] and [st.draw for st in at] == [0, 1, 2]
@@ -118,7 +119,7 @@ def test_confirmations_are_bounded():
     def measure(load, phase, draw):
         return StepResult((load <= 8.0) if draw == 0 else load > 8.0)
 
-    s = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.05, max_steps=30), max_reopens=1)
+    s = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.05, max_steps=30, arrivals="common"), max_reopens=1)
     out = s.run(measure, draws=True)
     assert out.verdict == "rated" and len(out.steps) < 60
     # the second contradiction is found but no longer acted on: the bracket stays as it is, unconfirmed

@@ -59,7 +59,7 @@ def scenario(tmp_path: Path, search: str, tiers: str = "{standard: {slo: {ttft_m
 
 def test_target_too_slow_is_never_met(mock_server, tmp_path):
     url = mock_server("--ttft-ms", 400, "--itl-ms", 1)  # every first token 400 ms > the 300 ms SLO
-    scn = scenario(tmp_path, "{start: 4, growth: 2, min_load: 1, step_duration_s: 2.5, warmup_s: 0.5}")
+    scn = scenario(tmp_path, "{start: 4, growth: 2, min_load: 1, step_duration_s: 2.5, warmup_s: 0.5, arrivals: common}")
     r = slobench("capacity", scn, "--target", url, "--out", tmp_path / "run", "--no-progress")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "no rated capacity" in r.stdout and "never met" in r.stdout and "Traceback" not in r.stderr
@@ -148,7 +148,8 @@ def test_capacity_against_the_embedded_engine(tmp_path):
     assert steps[0]["passed"]  # 8 req/s is comfortable for tiny (16 slots)
     assert s["verdict"] == "rated" and s["rated_capacity"]["requested_rps"] >= 8
     assert steps[2]["phase"] == "bisect" and 8 < steps[2]["load"] < 200
-    assert [st["phase"] for st in steps[3:]] == ["confirm"] * (len(steps) - 3)  # the budget's bracket confirmed
+    # the budget spent, the bracket is confirmed (a confirmation that disagrees reopens it: more bisection)
+    assert steps[3]["phase"] == "confirm" and {st["phase"] for st in steps[3:]} <= {"confirm", "bisect"}
     rc = s["rated_capacity"]
     assert rc["spec_rate_rps"] == pytest.approx(0.8 * rc["rate_rps"])
     assert rc["concurrency_measured"] > 0 and rc["concurrency_littles_law"] > 0

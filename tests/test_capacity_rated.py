@@ -21,7 +21,7 @@ from .test_capacity_rating import LOADS, curve_steps
 def plan(tmp_path):
     p = tmp_path / "s.yaml"
     p.write_text("name: r\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
-                 "search: {start: 2, growth: 2, tolerance: 0.05}\nclient: {lateness_bound_ms: 10}\n")
+                 "search: {start: 2, growth: 2, tolerance: 0.05, arrivals: common}\nclient: {lateness_bound_ms: 10}\n")
     return CapacityPlan.from_scenario(load_scenario(p))
 
 
@@ -101,12 +101,12 @@ def test_a_verdict_resting_on_a_disturbed_step_is_invalid(plan):
     assert s["rated_capacity"] is not None  # the numbers are kept, the verdict says not to trust them
 
 
-def test_rate_interval_from_the_summary_and_records(plan):
-    steps, records = curve_steps(LOADS, 3)
+def test_rate_interval_from_the_summary(plan):
+    steps = curve_steps(LOADS, 3)
     s = {"search_verdict": "rated", "steps": steps}
-    iv = rate_interval(plan, s, records)
-    assert iv["ci_low"] < 10 < iv["ci_high"] and "each step's requests" in iv["method"]
-    assert rate_interval(plan, {"search_verdict": "never_met", "steps": steps}, records) is None
+    iv = rate_interval(plan, s)
+    assert iv["ci_low"] < 10 < iv["ci_high"] and "of the windows" in iv["method"]
+    assert rate_interval(plan, {"search_verdict": "never_met", "steps": steps}) is None
 
 
 def test_capacity_exits_3_when_the_verdict_rests_on_a_disturbed_step(mock_server, tmp_path):

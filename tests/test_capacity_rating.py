@@ -1,6 +1,7 @@
-"""The rated capacity's confidence interval (``loadgen.capacity.rating``): the isotonic fit, its
-crossing, the bootstrap over each step's requests, cliff against gradual, and the binding SLO. Steps
-and records are built from a known latency curve, so the true crossing is known exactly."""
+"""The rated capacity's estimate and interval (``loadgen.capacity.rating``): the share of requests over the
+threshold against load, its isotonic and logistic fits and their crossing, the bootstrap over windows,
+cliff against gradual, and the binding SLO. Steps are built from a known latency curve, so the true
+crossing is known exactly."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.capacity.rating import CLIFF_RATIO, crossing, isotonic, level_crossing, rate, window_records
-from loadgen.results.latency import quantile
-from loadgen.results.slo import SLO, judge
+from loadgen.capacity import rating
+from loadgen.capacity.rating import CLIFF_RATIO, MAX_T_SCALE, crossing, isotonic, level_crossing, rate, t_scale
+from loadgen.capacity.step_stats import window_records
 
 
 def test_isotonic_pools_adjacent_violators():
@@ -21,77 +22,111 @@ def test_isotonic_pools_adjacent_violators():
     assert isotonic([0, 1, 2]).tolist() == [0, 1, 2]
 
 
-def test_crossing_is_interpolated_in_log_log():
+def test_margin_crossing_is_interpolated_in_log_log():
     x = [1.0, 2.0, 4.0, 8.0]
     lm = np.log([0.25, 0.5, 2.0, 4.0])
     c, open_end = crossing(x, lm, [1, 1, 1, 1])
     assert open_end is None and c == pytest.approx(2 * math.sqrt(2))  # halfway from 0.5 to 2 in log
-    # a noisy dip above the crossing is pooled (2.0 and 1.5 -> their geometric mean): the fit stays monotone
-    c2, _ = crossing(x + [16.0], np.log([0.25, 0.5, 2.0, 1.5, 4.0]), [1] * 5)
-    t = math.log(2) / (math.log(math.sqrt(3.0)) + math.log(2))
-    assert c2 == pytest.approx(math.exp(math.log(2) + t * math.log(2)))
     assert crossing(x, np.log([0.1, 0.2, 0.3, 0.9]), [1] * 4) == (8.0, "above")
     assert crossing(x, np.log([1.1, 2, 3, 4]), [1] * 4) == (1.0, "below")
     assert level_crossing(x, np.log([0.25, 0.5, 2.0, 4.0]), math.log(0.5)) == pytest.approx(2.0)  # on a point
 
 
-def curve_steps(loads, k, *, cap=10.0, n=400, tiers=(("premium", 300.0),), seed=0, shift=None):
-    """Steps and records of a target whose p99 TTFT is threshold * (load / cap) ** k: TTFTs are exponential
-    with that p99, so the true crossing of margin 1 is ``cap`` for every tier (``shift`` moves a tier's)."""
+def test_exceedance_crossing_pools_windows_and_interpolates():
+    x = np.array([10.0, 20.0, 20.0, 40.0])
+    over, n = np.array([0.0, 0.0, 20.0, 40.0]), np.array([1000.0, 1000.0, 1000.0, 1000.0])
+    # the two windows at 20 pool to 1 %: the crossing of 1 % is at 20 exactly; of 2 %, a third of the way
+    # (linear in the share: 1 % to 4 %) from 20 to 40 in log(load)
+    assert rating.exceedance_crossing(x, over, n, 0.01) == (pytest.approx(20.0), None)
+    assert rating.exceedance_crossing(x, over, n, 0.02)[0] == pytest.approx(20.0 * 2 ** (1 / 3))
+    # a noisy dip is pooled away: the fit never falls with load
+    dip = rating.exceedance_crossing(np.array([10.0, 20.0, 30.0, 40.0]), np.array([0.0, 30.0, 10.0, 40.0]), n, 0.01)
+    assert dip[0] == pytest.approx(10.0 * 2 ** (0.5))  # 10 -> the pooled 2 % at 20 and 30
+    assert rating.exceedance_crossing(x, np.zeros(4), n, 0.01) == (40.0, "above")
+    assert rating.exceedance_crossing(x, np.full(4, 500.0), n, 0.01) == (10.0, "below")
+
+
+def test_logistic_fit_recovers_its_curve():
+    x = np.array([8.2, 9.0, 10.0, 11.0, 12.0])
+    a, b = -4.595 - 12.0 * math.log(10.0), 12.0  # 1 % at 10, slope 12 in log load
+    p = 1.0 / (1.0 + np.exp(-(a + b * np.log(x))))
+    n = np.full(5, 1000.0)
+    fa, fb = rating.logistic_fit(x, n * p, n)
+    assert fa == pytest.approx(a, rel=1e-6) and fb == pytest.approx(b, rel=1e-6)
+    c, k = rating.logistic_crossing(x, n * p, n, 1.0 / (1.0 + math.exp(-(a + b * math.log(10.0)))), start=11.0)
+    assert c == pytest.approx(10.0, rel=1e-6) and k == 5
+    # nothing over the threshold, or a fit that falls with load, cannot stand
+    assert rating.logistic_crossing(x, np.zeros(5), n, 0.01, start=10.0) is None
+    assert rating.logistic_crossing(x, n * p[::-1], n, 0.01, start=10.0) is None
+
+
+def test_t_scale_widens_few_windows():
+    assert t_scale(1, 0.95) == MAX_T_SCALE  # t(1) = 12.7: capped
+    assert t_scale(4, 0.95) == pytest.approx(2.776 / 1.960, rel=1e-3)
+    assert t_scale(10, 0.95) == pytest.approx(2.228 / 1.960, rel=1e-3)
+    assert 1.0 < t_scale(200, 0.95) < 1.01
+    assert t_scale(0, 0.95) == MAX_T_SCALE
+
+
+def curve_steps(loads, k, *, cap=10.0, n=2000, tiers=(("premium", 300.0),), seed=0, shift=None):
+    """Steps of a target whose TTFTs are exponential with p99 = threshold * (load / cap) ** k: a step's
+    margin is that, and the share of its requests over the threshold is 0.01 ** ((cap / load) ** k),
+    drawn binomially; the true crossing is ``cap`` for every tier (``shift`` moves a tier's)."""
     rng = np.random.default_rng(seed)
-    steps, records = [], []
+    steps = []
     for i, load in enumerate(loads):
         tiers_e = {}
         for tier, thr in tiers:
             c = cap * (shift or {}).get(tier, 1.0)
-            p99 = thr * (load / c) ** k
-            v = rng.exponential(p99 / math.log(100), n)
-            recs = [{"stage": i, "tier": tier, "scheduled_s": 3.0 + t, "sent_s": 3.0 + t,
-                     "first_token_s": 3.0 + t + ms / 1000, "done_s": 3.0 + t + ms / 1000 + 0.01, "status": "ok",
-                     "token_s": [3.0 + t + ms / 1000]} for t, ms in zip(np.linspace(0, 9.99, n), v, strict=True)]
-            records += recs
-            j = judge(v, SLO("ttft_ms", thr, 0.99), seed=i)
+            share = 0.01 ** ((c / load) ** k)
             tiers_e[tier] = {"quantile": 0.99, "judged": {"ttft_ms": {
-                "value_ms_q": j.value_ms, "ci_low_ms": j.ci_low_ms, "ci_high_ms": j.ci_high_ms, "threshold_ms": thr,
-                "passed": j.passed, "n": j.n}}}
+                "value_ms_q": thr * (load / c) ** k, "threshold_ms": thr, "n": n,
+                "over": int(rng.binomial(n, share))}}}
         steps.append({"index": i, "load": load * 1.05, "offered_rps": load, "window_s": [3.0, 13.0],
                       "requests": n * len(tiers), "tiers": tiers_e})
-    return steps, records
+    return steps
 
 
 LOADS = [4.0, 8.0, 9.0, 9.6, 10.4, 11.0, 12.0, 16.0]
 
 
-def test_bootstrap_interval_contains_the_crossing_and_is_seeded():
-    steps, records = curve_steps(LOADS, 3)
-    recs = window_records(steps, records)
-    r = rate(steps, "rate", recs, n_boot=400, seed=1)
-    assert r["of"] == "rate_rps" and r["open"] is None and "each step's requests" in r["method"]
+def test_the_estimate_and_interval_hold_the_crossing_and_are_seeded():
+    steps = curve_steps(LOADS, 3)
+    r = rate(steps, "rate", n_boot=400, seed=1)
+    assert r["of"] == "rate_rps" and r["open"] is None and "bootstrap (400) of the windows" in r["method"]
+    assert r["fit"] == "logistic" and r["fit_windows"] >= 4 and r["t_scale"] > 1.0
     assert r["ci_low"] < r["estimate"] < r["ci_high"]
     assert r["ci_low"] < 10.0 < r["ci_high"]  # the truth
-    assert r["estimate"] == pytest.approx(10.0, rel=0.08)
-    assert 0.02 < (r["ci_high"] - r["ci_low"]) / r["estimate"] < 0.4
-    assert rate(steps, "rate", recs, n_boot=400, seed=1) == r  # reproducible
-    assert rate(steps, "rate", recs, n_boot=400, seed=2)["ci_low"] != r["ci_low"]
+    assert r["estimate"] == pytest.approx(10.0, rel=0.05)
+    assert (r["ci_high"] - r["ci_low"]) / r["estimate"] < 0.4
+    assert rate(steps, "rate", n_boot=400, seed=1) == r  # reproducible
+    assert rate(steps, "rate", n_boot=400, seed=2)["ci_low"] != r["ci_low"]
     # the x axis is the offered rate, not the requested load (1.05 x here)
     assert all(c["load"] < 11 for c in r["crossings"])
-    # without records each step varies within its own quantile interval instead
-    alone = rate(steps, "rate", None, n_boot=400, seed=1)
-    assert alone["estimate"] == r["estimate"] and "quantile interval" in alone["method"]
-    assert alone["ci_low"] < 10.0 < alone["ci_high"]
 
 
-def test_the_estimate_is_the_steps_own_quantiles():
-    steps, records = curve_steps(LOADS, 3, seed=5)
-    recs = window_records(steps, records)
-    for st in steps:  # the records rebuild each step's judgement exactly
-        v = [(r["first_token_s"] - r["scheduled_s"]) * 1000 for r in recs[st["index"]]]
-        assert quantile(v, 0.99) == pytest.approx(st["tiers"]["premium"]["judged"]["ttft_ms"]["value_ms_q"])
+def test_a_window_that_met_a_burst_widens_the_interval():
+    """The same design twice, once with one window near the knee that met a burst (a run of refusals:
+    10 % of its requests): the estimate moves down and the interval reaches lower, because windows,
+    not requests, are resampled."""
+    calm = curve_steps(LOADS, 3, seed=4)
+    burst = curve_steps(LOADS, 3, seed=4)
+    burst[3]["tiers"]["premium"]["judged"]["ttft_ms"]["over"] = 200  # 9.6 req/s: 10 % over
+    r_calm, r_burst = rate(calm, n_boot=400), rate(burst, n_boot=400)
+    assert r_burst["estimate"] < r_calm["estimate"]
+    assert r_burst["ci_low"] < r_calm["ci_low"]
+
+
+def test_without_counts_a_step_says_nothing():
+    steps = curve_steps(LOADS, 3)
+    for st in steps:  # a summary from before steps counted their exceedances
+        del st["tiers"]["premium"]["judged"]["ttft_ms"]["over"]
+    assert rate(steps, n_boot=50) is None
 
 
 def test_cliff_and_gradual():
-    sharp = rate(*curve_steps(LOADS, 8)[:1], n_boot=50)
-    soft = rate(*curve_steps(LOADS, 1.5)[:1], n_boot=50)
+    sharp = rate(curve_steps(LOADS, 8), n_boot=50)
+    soft = rate(curve_steps(LOADS, 1.5), n_boot=50)
     assert sharp["boundary"] == "cliff" and sharp["margin_load_ratio"] <= CLIFF_RATIO
     assert soft["boundary"] == "gradual" and soft["margin_load_ratio"] > CLIFF_RATIO
     # the true ratios: (1.2 / 0.8) ** (1 / k)
@@ -104,29 +139,29 @@ def test_cliff_and_gradual():
 
 def test_binding_names_the_slo_that_breaks_first():
     tiers = (("premium", 300.0), ("standard", 800.0))
-    steps, _ = curve_steps(LOADS, 3, tiers=tiers, shift={"standard": 1.3})
+    steps = curve_steps(LOADS, 3, tiers=tiers, shift={"standard": 1.3})
     r = rate(steps, n_boot=50)
     assert r["binding"] == {"tier": "premium", "metric": "ttft_ms"}
     by = {c["tier"]: c["load"] for c in r["crossings"]}
     assert by["premium"] == pytest.approx(r["estimate"]) and by["standard"] > 12
-    steps, _ = curve_steps(LOADS, 3, tiers=tiers, shift={"premium": 1.3, "standard": 0.9})
+    steps = curve_steps(LOADS, 3, tiers=tiers, shift={"premium": 1.3, "standard": 0.9})
     assert rate(steps, n_boot=50)["binding"] == {"tier": "standard", "metric": "ttft_ms"}
 
 
 def test_open_ends_and_nothing_judged():
-    steps, _ = curve_steps([2.0, 4.0, 6.0], 3)
-    r = rate(steps, n_boot=50)
-    assert r["open"] == "above" and r["estimate"] == 6.0 and r["boundary"] is None
+    r = rate(curve_steps([2.0, 4.0, 6.0], 3), n_boot=50)
+    assert r["open"] == "above" and r["estimate"] == 6.0 and r["boundary"] is None and r["fit"] == "isotonic"
     assert rate([{"index": 0, "load": 1, "tiers": {"basic": {"judged": {}}}}]) is None
     # a re-measured (uncounted) step is left out; concurrency places steps at their users
-    steps, _ = curve_steps(LOADS, 3)
+    steps = curve_steps(LOADS, 3)
     steps[3]["counted"] = False
     c = rate(steps, "concurrency", n_boot=50)
     assert c["of"] == "concurrency" and c["estimate"] == pytest.approx(10.0 * 1.05, rel=0.1)
+    assert c["windows"] == len(LOADS) - 1
 
 
 def test_a_step_is_placed_at_its_planned_rate_not_at_what_it_sent_before_a_breach():
-    steps, _ = curve_steps(LOADS, 8)
+    steps = curve_steps(LOADS, 8)
     sent_in_burst = [dict(st) for st in steps]
     for st in sent_in_burst:  # failing steps stopped in a burst: what they sent runs 30 % above their load
         if st["offered_rps"] > 10.0:
@@ -135,8 +170,17 @@ def test_a_step_is_placed_at_its_planned_rate_not_at_what_it_sent_before_a_breac
     assert placed["estimate"] == pytest.approx(rate(steps, n_boot=50)["estimate"])
     assert placed["cliff_gap"] == [9.6, 10.4]
     without = [{k: v for k, v in st.items() if k != "planned_rps"} for st in sent_in_burst]
-    biased = rate(without, n_boot=50)  # the bias planned_rps removes: the crossing moves up into the gap
-    assert biased["estimate"] > 1.1 * placed["estimate"] and biased["boundary"] == "gradual"
+    assert rate(without, n_boot=50)["estimate"] > placed["estimate"]  # the bias planned_rps removes
+
+
+def test_windows_near_the_estimate_are_resampled_among_themselves():
+    from loadgen.capacity.rating import _resample_windows
+
+    loads = np.array([4.0, 8.0, 9.0, 10.0, 11.0, 16.0, 32.0])
+    picks = _resample_windows(loads, 10.0, 500, np.random.default_rng(0))
+    near = [1, 2, 3, 4]  # 8.0 .. 12.5
+    assert (picks[:, near].sum(axis=1) == 4).all() and (picks[:, near] == 0).any()
+    assert (picks.sum(axis=1) == len(loads)).all()
 
 
 def test_planned_rate_counts_the_whole_planned_window():
@@ -149,27 +193,9 @@ def test_planned_rate_counts_the_whole_planned_window():
     assert st.planned_rps() == pytest.approx(10.0)
 
 
-def test_windows_that_asked_for_one_load_are_resampled_among_themselves():
-    from loadgen.capacity.rating import _resample_windows
-
-    picks, column = _resample_windows({0: 4.0, 1: 8.0, 2: 8.0, 3: 8.0, 5: 16.0}, 500, np.random.default_rng(0))
-    assert column == {0: 0, 1: 1, 2: 2, 3: 3, 5: 4}
-    assert (picks[:, [0, 4]] == 1).all()  # a load measured once keeps its one window
-    assert (picks[:, 1:4].sum(axis=1) == 3).all() and (picks[:, 1:4] == 0).any()  # the repeats: drawn among them
-    unnamed, _ = _resample_windows({0: None, 1: None, 2: 8.0}, 200, np.random.default_rng(0))
-    assert (unnamed == 1).all()  # steps that name no load are not one load
-
-
-def test_a_bracket_end_whose_windows_disagree_widens_the_interval_below_it():
-    """At 10 req/s three windows pass and one (a confirmation on another draw) met a burst: the fit at 10
-    still passes, and the request-level bootstrap alone keeps it a pass in every replicate; resampling
-    the windows measured at 10 does not (a replicate that drew the burst twice fails there)."""
-    steps, _ = curve_steps([6.0, 8.0, 10.0, 10.0, 10.0, 10.0, 11.0, 12.0], 8, cap=10.5)
-    burst = steps[3]["tiers"]["premium"]["judged"]["ttft_ms"]
-    burst.update(value_ms_q=600.0, ci_low_ms=560.0, ci_high_ms=640.0, passed=False)  # margin 2
-    for st in steps:
-        st["load"] = round(st["offered_rps"])  # what each step asked for: the four at 10 are one load
-    r = rate(steps, n_boot=400, seed=3)
-    assert r["estimate"] > 10.0 and r["ci_low"] < 9.9
-    agree = [st for i, st in enumerate(steps) if i != 3]
-    assert rate(agree, n_boot=400, seed=3)["ci_low"] >= 10.0
+def test_window_records_are_the_stage_s_requests_inside_its_window():
+    steps = [{"index": 0, "window_s": [3.0, 13.0]}, {"index": 1, "window_s": [20.0, 30.0]}]
+    recs = [{"stage": 0, "scheduled_s": 2.9}, {"stage": 0, "scheduled_s": 3.0}, {"stage": 0, "scheduled_s": 13.0},
+            {"stage": 1, "scheduled_s": 25.0}, {"stage": 2, "scheduled_s": 25.0}]
+    w = window_records(steps, recs)
+    assert w == {0: [recs[1]], 1: [recs[3]]}

@@ -108,7 +108,12 @@ def test_finds_the_known_capacity_within_tolerance(c, mu, start):
     phases = [s.phase for s in out.steps]
     assert phases[0] == "ramp" and "ramp" not in phases[phases.index("bisect"):]
     assert phases[-2:] == ["confirm", "confirm"] and out.confirmed  # an exact model agrees with itself
-    assert [s.draw for s in out.steps[-2:]] == [1, 2] and {s.draw for s in out.steps[:-2]} == {0}
+    draws = [s.draw for s in out.steps]
+    assert draws == list(range(len(out.steps)))  # search.arrivals fresh (the default): every step its own draw
+    common = CapacitySearch(SearchConfig(start=start, growth=2.0, tolerance=0.05, max_steps=20, min_load=0.01,
+                                         arrivals="common")).run(exact_measure(model, P99_300))
+    assert [s.draw for s in common.steps[-2:]] == [1, 2] and {s.draw for s in common.steps[:-2]} == {0}
+    assert common.rated_load == out.rated_load  # an exact model: the draws change nothing
 
 
 def test_geometric_ramp_then_bisection_step_count():

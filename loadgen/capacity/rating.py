@@ -1,44 +1,52 @@
 """The rated capacity as an estimate with a confidence interval, from every step of a capacity search.
 
 The search brackets the capacity between a passing and a failing load; this module asks where, between
-and around them, the SLO actually breaks, and how sure the steps are of it:
+and around them, the SLO actually breaks, and how sure the steps are of it. A step is one window of its
+own arrival draw (``search.arrivals: fresh``); the steps together say more than any one of them.
 
-- **Margin against load.** For each judged SLO (tier, metric), each counted step gives a *margin*: its
-  judged quantile / the threshold (> 1 breaks; a quantile on a failed request is capped at
-  ``MARGIN_CAP``). The load is the rate the step's arrivals offer over its planned window (rate axis:
+- **Exceedances against load.** For each judged SLO (tier, metric) of quantile q, each counted step gives
+  how many of its window's requests were over the threshold (``over``: failed ones included) of how many
+  it judged (``n``). The load is the rate the step's arrivals offer over its planned window (rate axis:
   ``planned_rps``, else ``offered_rps``, else its window's requests / window length) or its users
-  (concurrency axis).
-- **Isotonic fit.** log(margin) is fitted against load with a non-decreasing step function
-  (pool-adjacent-violators, weighted by each step's judged requests): more load never helps, and noise
-  that says otherwise is pooled away. Steps at the same load are pooled first.
-- **Crossing.** The capacity for one SLO is where the fit crosses margin 1, interpolated in log(load) /
-  log(margin) between the last fitted point at or under 1 and the first over it. The rated estimate is
-  the lowest crossing over every SLO; ``binding`` names the SLO it belongs to. When every step passes
-  (or fails) the crossing lies outside the loads tried: the estimate is the highest (lowest) load tried,
-  and ``open`` says ``"above"`` (``"below"``).
-- **Bootstrap.** Each replicate first resamples, among the steps that asked for the same load (a
-  bracket end and its confirmations, each a window of its own arrival draw), which of them were measured:
-  where failures come in bursts (admission refusing a run of requests) whether a window met one is most
-  of the uncertainty, and resampling its requests alone cannot show it. Then, for every chosen step and
-  SLO, it resamples the step's own requests' SLO values
-  (``latency.slo_values`` of its window's records in ``requests.jsonl``, by ``stage``) with replacement,
-  takes the quantile again, refits and takes the lowest crossing; ``ci_low`` / ``ci_high`` are the
-  replicates' percentiles at the confidence level (0.95: 2.5 % and 97.5 %), widened to the estimate in
-  the rare case the percentiles leave it out. At a cliff the interpolation between the last passing and
-  the first failing load is not evidence of where in that gap the SLO breaks (a margin of 0.6 next to one of
-  10 fits any crossing between them), so the interval is widened to span the gap (``cliff_gap``).
-  Seeded: the same run gives the same interval. A step without its records
-  (a summary read alone) varies instead as a log-normal around its quantile whose width is its own
-  bootstrap interval (``ci_low_ms`` / ``ci_high_ms``); ``method`` says which were used. A step stopped
-  at its breach has only a lower-bound margin (its requests still in flight count with the time they had
-  waited): the fit is then too low at that load and the crossing, with its interval, leans high;
-  ``breach_lower_bounds`` counts such steps among the binding SLO's points. The rating itself stays the
-  search's pass end (``rate_rps``); the estimate and interval say how sharply the steps place it.
-- **Boundary.** ``margin_load_ratio`` = load at margin 1.2 / load at margin 0.8 on the binding SLO's fit
-  (log-log interpolation; where the fit does not reach one of them, the slope of the segment that
-  crosses 1 extends it). ``boundary`` is ``"cliff"`` when that ratio is at most ``CLIFF_RATIO`` (1.10:
-  the SLO goes from 20 % spare to 20 % over within 10 % more load), ``"gradual"`` otherwise. Lower-bound
-  margins make a boundary look gentler, never sharper.
+  (concurrency axis). The SLO holds where the share over the threshold is at most 1 - q.
+  *Why shares, not each window's quantile:* a window's share is an unbiased estimate of the share in
+  steady state at its load, and the shares of several windows pool. A window's p99 is not: requests queue
+  in runs, so most short windows miss the rare long busy period and a few catch it, and the typical window
+  passes above the true capacity (the calibration queue: a 15 s window passes 15 % of the time 16 % above
+  it, `bench/results/calibration.json`). Counts also pool across a step stopped early: the sum of
+  exceedances minus the expected is a martingale, so stopping at a breach does not bias the pooled share
+  as it biases that one window's.
+- **The fit.** First a monotone one: the shares pooled per load, fitted non-decreasing (isotonic,
+  pool-adjacent-violators, weighted by ``n``), crossing 1 - q interpolated linearly in the share and in
+  log(load). Then, where the steps allow, a dose-response fit around it: a logistic regression of each
+  request's exceedance on log(load) over the steps within ``NEIGHBOURHOOD`` (x / 1.25) of the crossing,
+  refitted around its own crossing (three times), its crossing taken where it is 1 - q. It uses the slope
+  of every window near the knee, not only the two either side of the crossing. It is kept only when it
+  rests on at least two loads, some requests over and some within, rises with load, and crosses within
+  5 % of the loads it was fitted on; otherwise the monotone crossing stands (``fit`` says which). The
+  rated estimate is the lowest crossing over every SLO; ``binding`` names the SLO it belongs to. When
+  every step passes (or fails) the crossing lies outside the loads tried: the estimate is the highest
+  (lowest) load tried, and ``open`` says ``"above"`` (``"below"``).
+- **Bootstrap over windows.** The requests of one window are correlated (one busy period, one burst of
+  refusals, makes many exceedances at once), so a window, not a request, is the unit: each replicate
+  resamples the counted steps with replacement, those within ``NEIGHBOURHOOD`` of the estimate among
+  themselves and the others among themselves (how many windows the search put near the knee is its
+  design, not chance), refits and takes the lowest crossing. ``ci_low`` /
+  ``ci_high`` are the replicates' percentiles at the confidence level (0.95: 2.5 % and 97.5 %). A fit on
+  k windows has k - 2 degrees of freedom, and percentiles of so few understate the spread, so each side's
+  distance from the estimate is scaled by t(k - 2) / z at the confidence level (at most ``MAX_T_SCALE``).
+  At a cliff the steps are no evidence of where in the gap between the last passing and the first failing
+  load the SLO breaks, so the interval is widened to span the gap (``cliff_gap``). Seeded: the same run
+  gives the same interval, and a summary read alone gives the same as the run.
+- **Boundary.** From each step's margin (judged quantile / threshold; > 1 breaks; a quantile on a failed
+  request counts as ``MARGIN_CAP``): ``margin_load_ratio`` = load at margin 1.2 / load at margin 0.8 on the
+  binding SLO's isotonic fit of log(margin) against log(load) (where it does not reach one of them, the
+  slope of the segment that crosses 1 extends it). ``boundary`` is ``"cliff"`` when that ratio is at most
+  ``CLIFF_RATIO`` (1.10: the SLO goes from 20 % spare to 20 % over within 10 % more load), ``"gradual"``
+  otherwise.
+
+The rating itself stays the search's pass end (``rate_rps`` in ``capacity.run``); the estimate and its
+interval are what the gate compares (``gate.rules`` ``within_intervals``).
 """
 
 from __future__ import annotations
@@ -53,8 +61,9 @@ from loadgen.results import latency
 
 MARGIN_CAP = 10.0  # a margin above this (a quantile on a failed request: inf) counts as this
 CLIFF_RATIO = 1.10  # load(margin 1.2) / load(margin 0.8) at most this: a cliff
+NEIGHBOURHOOD = 1.25  # the logistic fit uses the steps within this factor of the crossing
+MAX_T_SCALE = 3.0  # the small-sample widening t(k - 2) / z at most this
 N_BOOT = 1000
-_CHUNK = 200  # replicates resampled at once (memory: chunk x requests of a step)
 
 
 def isotonic(y: Sequence[float], w: Sequence[float] | None = None) -> np.ndarray:
@@ -154,94 +163,133 @@ def _margin(q_ms: float | None, threshold: float) -> float:
     return float(min(max(m, 1e-6), MARGIN_CAP))
 
 
-def _boot_margins(values: np.ndarray | None, judged: Mapping[str, Any], q: float, n_boot: int,
-                  rng: np.random.Generator, z: float) -> tuple[np.ndarray, str]:
-    """n_boot log margins of one step and SLO: its requests resampled, or its interval as a log-normal."""
-    thr = float(judged["threshold_ms"])
-    if values is not None and values.size:
-        big = np.finfo(float).max / 4
-        v = np.where(np.isfinite(values), values, big)
-        out = np.empty(n_boot)
-        for a in range(0, n_boot, _CHUNK):
-            b = min(n_boot, a + _CHUNK)
-            rows = np.sort(v[rng.integers(0, v.size, size=(b - a, v.size))], axis=1)
-            est = latency.quantile_of_sorted(rows, q)
-            out[a:b] = np.where(est < big / 2, est / thr, MARGIN_CAP)
-        return np.log(np.clip(out, 1e-6, MARGIN_CAP)), "requests"
-    m = _margin(judged.get("value_ms_q"), thr)
-    lo, hi = _num(judged.get("ci_low_ms")), _num(judged.get("ci_high_ms"))
-    sigma = (math.log(hi) - math.log(lo)) / (2 * z) if lo and hi and hi > lo > 0 else 0.0
-    return np.clip(math.log(m) + sigma * rng.standard_normal(n_boot), math.log(1e-6), math.log(MARGIN_CAP)), "interval"
+def exceedance_crossing(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float) -> tuple[float, str | None]:
+    """Where the isotonic fit of the share over the threshold (pooled per load, weighted by requests) first
+    rises over ``level``: (load, None), or the highest / lowest load and ``"above"`` / ``"below"`` when it
+    does not cross within the loads."""
+    ux, inv = np.unique(x, return_inverse=True)
+    o, m = np.bincount(inv, over, len(ux)), np.bincount(inv, n, len(ux))
+    g = isotonic(o / np.maximum(m, 1e-12), m)
+    if g[-1] <= level:
+        return float(ux[-1]), "above"
+    if g[0] > level:
+        return float(ux[0]), "below"
+    j = int(np.argmax(g > level))
+    t = (level - g[j - 1]) / (g[j] - g[j - 1])
+    return float(math.exp(math.log(ux[j - 1]) + t * (math.log(ux[j]) - math.log(ux[j - 1])))), None
 
 
-def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
-         records: Mapping[int, Sequence[Mapping[str, Any]]] | None = None, *, confidence: float = 0.95,
+def logistic_fit(x: np.ndarray, over: np.ndarray, n: np.ndarray) -> tuple[float, float] | None:
+    """(a, b) of P(over) = 1 / (1 + exp(-(a + b log x))) by maximum likelihood (Newton's method on the
+    binomial counts); None when it does not converge."""
+    lx = np.log(x)
+    a, b = math.log(max(over.sum(), 0.5) / max(n.sum() - over.sum(), 0.5)), 0.0
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-np.clip(a + b * lx, -30.0, 30.0)))
+        w = n * p * (1.0 - p) + 1e-12
+        r = over - n * p
+        h00, h01, h11 = w.sum(), (w * lx).sum(), (w * lx * lx).sum()
+        det = h00 * h11 - h01 * h01
+        if not det > 0:
+            return None
+        g0, g1 = r.sum(), (r * lx).sum()
+        da, db = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
+        a, b = a + da, b + db
+        if abs(da) < 1e-9 and abs(db) < 1e-9:
+            return a, b
+    return None
+
+
+def logistic_crossing(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float,
+                      start: float) -> tuple[float, int] | None:
+    """(load where the local logistic fit is ``level``, the windows it rests on), refitted around its own
+    crossing; None where it cannot stand (see the module's docstring)."""
+    c, k = start, 0
+    for _ in range(3):
+        near = (x >= c / NEIGHBOURHOOD) & (x <= c * NEIGHBOURHOOD)
+        xs, os_, ns = x[near], over[near], n[near]
+        if len(np.unique(xs)) < 2 or os_.sum() == 0 or (ns - os_).sum() == 0:
+            return None
+        ab = logistic_fit(xs, os_, ns)
+        if ab is None or not ab[1] > 0:
+            return None
+        z = (math.log(level / (1.0 - level)) - ab[0]) / ab[1]
+        lx = np.log(xs)
+        if not lx.min() - 0.05 <= z <= lx.max() + 0.05:
+            return None
+        c, k = math.exp(z), int(near.sum())
+    return c, k
+
+
+def slo_crossing(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float) -> tuple[float, str | None, int]:
+    """(crossing, open end, windows of the logistic fit: 0 when the isotonic crossing stands)."""
+    c, open_end = exceedance_crossing(x, over, n, level)
+    if open_end is None:
+        fit = logistic_crossing(x, over, n, level, c)
+        if fit is not None:
+            return fit[0], None, fit[1]
+    return c, open_end, 0
+
+
+def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: float = 0.95,
          n_boot: int = N_BOOT, seed: int = 0) -> dict[str, Any] | None:
     """The rated capacity's estimate, interval, boundary and binding SLO from a capacity summary's
-    ``steps`` (counted ones: a step re-measured because it was disturbed is left out) and, when given,
-    the run's records by stage. None when no step judged an SLO."""
-    pts: dict[tuple[str, str], list[tuple[float, float, float, dict, float, int, int]]] = {}
-    breach: dict[tuple[str, str], set] = {}
-    asked: dict[int, float | None] = {}  # step ordinal -> the load it asked for (its stratum in the bootstrap)
-    for ordinal, st in enumerate(steps):
+    ``steps`` (counted ones: a step re-measured because it was disturbed is left out). None when no step
+    judged an SLO."""
+    pts: dict[tuple[str, str], list[tuple[int, float, float, float, float]]] = {}  # (col, load, over, n, log m)
+    level: dict[tuple[str, str], float] = {}
+    cols = 0
+    for st in steps:
         if st.get("counted") is False:
             continue
-        asked[ordinal] = _num(st.get("load"))
         x = step_load(st, axis)
         if x is None or x <= 0:
             continue
+        used = False
         for tier, e in (st.get("tiers") or {}).items():
             for metric, j in (e.get("judged") or {}).items():
-                if not j.get("n") or not _num(j.get("threshold_ms")):
+                n, thr = _num(j.get("n")), _num(j.get("threshold_ms"))
+                if not n or not thr:
                     continue
-                m = _margin(j.get("value_ms_q"), float(j["threshold_ms"]))
-                q = float(e.get("quantile") or 0.99)
-                pts.setdefault((tier, metric), []).append((x, math.log(m), float(j["n"]), j, q, st.get("index"),
-                                                           ordinal))
-                if st.get("early") == "breach":
-                    breach.setdefault((tier, metric), set()).add(st.get("index"))
+                over = _num(j.get("over"))
+                if over is None:  # a summary from before steps counted their exceedances
+                    continue
+                m = _margin(j.get("value_ms_q"), thr)
+                level[(tier, metric)] = 1.0 - float(e.get("quantile") or 0.99)
+                pts.setdefault((tier, metric), []).append((cols, x, over, n, math.log(m)))
+                used = True
+        cols += used
     if not pts:
         return None
-    z = _z(confidence)
-    rng = np.random.default_rng(seed)
-    methods = set()
-    est: dict[tuple[str, str], tuple[float, str | None]] = {}
-    boot = np.full(n_boot, math.inf)
-    loads_all: list[float] = []
-    picks, column = _resample_windows(asked, n_boot, rng)
-    for key, rows in sorted(pts.items()):
-        rows.sort(key=lambda r: r[0])
-        x = np.asarray([r[0] for r in rows])
-        lm = np.asarray([r[1] for r in rows])
-        w = np.asarray([r[2] for r in rows])
-        loads_all += list(x)
-        ux, inv = np.unique(x, return_inverse=True)
-        est[key] = crossing(ux, _pool(lm, w, inv, len(ux)), np.bincount(inv, w))
-        sims = np.empty((n_boot, len(rows)))
-        for k, (_x, _lm, _w, j, q, idx, _o) in enumerate(rows):
-            vals = _values(records, idx, key, j) if records is not None else None
-            sims[:, k], how = _boot_margins(vals, j, q, n_boot, rng, z)
-            methods.add(how)
-        cols = np.asarray([column[r[6]] for r in rows])
-        for b in range(n_boot):
-            wb = w * picks[b, cols]
-            keep = wb > 0
-            if not keep.any():  # none of this SLO's steps drawn: its steps as measured
-                keep, wb = np.ones(len(rows), dtype=bool), w
-            ub, ib = np.unique(x[keep], return_inverse=True)
-            fit = _pool(sims[b][keep], wb[keep], ib, len(ub))
-            boot[b] = min(boot[b], crossing(ub, fit, np.bincount(ib, wb[keep]))[0])
+    arrays = {k: np.asarray(sorted(v, key=lambda r: r[1]), dtype=float) for k, v in pts.items()}
+    est = {k: slo_crossing(a[:, 1], a[:, 2], a[:, 3], level[k]) for k, a in arrays.items()}
     binding = min(est, key=lambda k: est[k][0])
-    value, open_end = est[binding]
-    a = (1.0 - confidence) / 2.0
-    lo, hi = latency.quantile(boot, a), latency.quantile(boot, 1.0 - a)  # the one quantile rule
-    rows = sorted(pts[binding], key=lambda r: r[0])
-    ux, inv = np.unique([r[0] for r in rows], return_inverse=True)
-    w = np.asarray([r[2] for r in rows])
-    pooled = _pool(np.asarray([r[1] for r in rows]), w, inv, len(ux))
-    ratio = margin_load_ratio(ux, pooled, np.bincount(inv, w))
+    value, open_end, k_fit = est[binding]
+    picks = _resample_windows(_window_loads(arrays), value, n_boot, np.random.default_rng(seed))
+    boot = np.full(n_boot, math.inf)
+    for key, a in arrays.items():
+        col = a[:, 0].astype(int)
+        for b in range(n_boot):
+            w = picks[b, col]
+            keep = w > 0
+            if not keep.any():
+                continue
+            c, _o, _k = slo_crossing(a[keep, 1], a[keep, 2] * w[keep], a[keep, 3] * w[keep], level[key])
+            boot[b] = min(boot[b], c)
+    boot = boot[np.isfinite(boot)]
+    lo = hi = value
+    if boot.size:
+        a_ = (1.0 - confidence) / 2.0
+        lo, hi = min(latency.quantile(boot, a_), value), max(latency.quantile(boot, 1.0 - a_), value)
+    scale = t_scale(k_fit - 2, confidence) if k_fit else 1.0
+    lo, hi = value - scale * (value - lo), value + scale * (hi - value)
+    a = arrays[binding]
+    ux, inv = np.unique(a[:, 1], return_inverse=True)
+    wsum = np.bincount(inv, a[:, 3])
+    pooled = np.bincount(inv, a[:, 4] * a[:, 3]) / wsum
+    ratio = margin_load_ratio(ux, pooled, wsum)
     cliff = ratio is not None and ratio <= CLIFF_RATIO
-    gap = cliff_gap(ux, pooled, np.bincount(inv, w)) if cliff and open_end is None else None
+    gap = cliff_gap(ux, pooled, wsum) if cliff and open_end is None else None
     if gap is not None:  # the steps cannot place a cliff inside the gap between them: the interval spans it
         lo, hi = min(lo, gap[0]), max(hi, gap[1])
     return {
@@ -250,73 +298,60 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate",
         "of": "concurrency" if axis == "concurrency" else "rate_rps",
         "open": open_end,
         "binding": {"tier": binding[0], "metric": binding[1]},
-        "crossings": [{"tier": t, "metric": m, "load": v, "open": o} for (t, m), (v, o) in sorted(est.items())],
+        "crossings": [{"tier": t, "metric": m, "load": v, "open": o, "fit": "logistic" if k else "isotonic"}
+                      for (t, m), (v, o, k) in sorted(est.items())],
+        "fit": "logistic" if k_fit else "isotonic", "fit_windows": k_fit, "t_scale": scale,
         "boundary": None if ratio is None else ("cliff" if cliff else "gradual"),
-        "margin_load_ratio": ratio, "breach_lower_bounds": len(breach.get(binding, ())),
-        "method": "isotonic fit of log(margin) on " + ("users" if axis == "concurrency" else "offered rate")
-                  + f"; bootstrap ({n_boot}) of " + " and ".join(
-                      {"requests": "each step's requests", "interval": "each step's quantile interval"}[m]
-                      for m in sorted(methods, reverse=True)),
+        "margin_load_ratio": ratio, "windows": cols,
+        "method": "share of requests over the threshold against " + ("users" if axis == "concurrency" else
+                  "offered rate") + f" (isotonic, then a local logistic fit); bootstrap ({n_boot}) of the windows",
         "n_boot": n_boot, "seed": seed,
     }
 
 
-def _resample_windows(asked: Mapping[int, float | None], n_boot: int, rng: np.random.Generator
-                      ) -> tuple[np.ndarray, dict[int, int]]:
-    """How often each step is drawn in each replicate ([n_boot, steps]) and each step's column: the steps
-    that asked for one load (a bracket end and its confirmations, each on its own arrival draw) are
-    resampled among themselves; a load measured once (or a step that names no load) keeps its one step.
-    The loads are the search's design, not a sample, so they are not resampled: a replicate that lost the
-    one step near the knee would fit across the ramp's whole gap."""
-    order = sorted(asked)
-    column = {ordinal: c for c, ordinal in enumerate(order)}
-    picks = np.ones((n_boot, len(order)), dtype=np.int64)
-    by_load: dict[float, list[int]] = {}
-    for ordinal in order:
-        if asked[ordinal] is not None:
-            by_load.setdefault(asked[ordinal], []).append(column[ordinal])
-    for cols in by_load.values():
-        if len(cols) > 1:
-            picks[:, cols] = rng.multinomial(len(cols), np.full(len(cols), 1.0 / len(cols)), size=n_boot)
-    return picks, column
+def _window_loads(arrays: Mapping[tuple[str, str], np.ndarray]) -> np.ndarray:
+    """Each window's load, by its column."""
+    loads: dict[int, float] = {}
+    for a in arrays.values():
+        loads.update(zip(a[:, 0].astype(int).tolist(), a[:, 1].tolist(), strict=True))
+    return np.asarray([loads[c] for c in range(len(loads))])
 
 
-def _pool(lm: np.ndarray, w: np.ndarray, inv: np.ndarray, n: int) -> np.ndarray:
-    """Weighted means of the points at each distinct load."""
-    wsum = np.bincount(inv, w, minlength=n)
-    s = np.bincount(inv, lm * w, minlength=n)
-    plain = np.bincount(inv, lm, minlength=n) / np.bincount(inv, minlength=n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(wsum > 0, s / wsum, plain)
+def _resample_windows(loads: np.ndarray, estimate: float, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """How often each window is drawn in each replicate ([n_boot, windows]): the windows near the
+    estimate (within ``NEIGHBOURHOOD``) among themselves, the others among themselves. Where the search
+    put its windows is its design, not luck: a replicate that lost every window near the knee would fit
+    across the ramp's whole gap, an interval no run of the same design could give."""
+    near = (loads >= estimate / NEIGHBOURHOOD) & (loads <= estimate * NEIGHBOURHOOD)
+    picks = np.zeros((n_boot, len(loads)), dtype=np.int64)
+    for group in (np.flatnonzero(near), np.flatnonzero(~near)):
+        if group.size:
+            picks[:, group] = rng.multinomial(group.size, np.full(group.size, 1.0 / group.size), size=n_boot)
+    return picks
 
 
-def _values(records: Mapping[int, Sequence[Mapping[str, Any]]], index: Any, key: tuple[str, str],
-            judged: Mapping[str, Any]) -> np.ndarray | None:
-    """The SLO values of one step's window for one tier and metric, or None when the records do not match
-    the step's judgement (more than 1 % or 2 requests apart, say a window edge rounded in the summary:
-    then its interval is used instead)."""
-    window = records.get(index)
-    if not window:
-        return None
-    tier, metric = key
-    v = latency.slo_values([r for r in window if (r.get("tier") or "none") == tier], metric)
-    n = judged.get("n") or 0
-    return v if v.size and abs(v.size - n) <= max(2, 0.01 * n) else None
+def t_scale(df: int, confidence: float) -> float:
+    """t(df) / z at (1 + confidence) / 2, at most ``MAX_T_SCALE`` (df < 1: ``MAX_T_SCALE``)."""
+    if df < 1:
+        return MAX_T_SCALE
+    return min(MAX_T_SCALE, _t_quantile(df, (1.0 + confidence) / 2.0) / _z(confidence))
 
 
-def window_records(steps: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str, Any]]) -> dict[int, list]:
-    """Each step's judged records: its stage's records scheduled inside its window."""
-    win = {}
-    for st in steps:
-        w = st.get("window_s")
-        if isinstance(st.get("index"), int) and isinstance(w, Sequence) and len(w) == 2:
-            win[st["index"]] = (float(w[0]), float(w[1]))
-    out: dict[int, list] = {i: [] for i in win}
-    for r in records:
-        i = r.get("stage")
-        if i in win and win[i][0] <= r.get("scheduled_s", -math.inf) < win[i][1]:
-            out[i].append(r)
-    return out
+def _t_quantile(df: int, p: float) -> float:
+    """Student's t quantile (no scipy): bisection on its distribution function, the density integrated by
+    Simpson's rule."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(t: float, steps: int = 400) -> float:
+        xs = np.linspace(0.0, t, steps + 1)
+        f = c * (1.0 + xs * xs / df) ** (-(df + 1) / 2)
+        return 0.5 + (t / steps / 3.0) * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+
+    lo, hi = 0.0, 1000.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _z(confidence: float) -> float:

@@ -3,15 +3,14 @@
 The search itself is pure (``capacity.search``); ``capacity.step.CapacityRunner`` measures one load step
 against a target; this module runs the whole search and writes the run folder.
 
-- Steps use common random numbers: the arrival pattern of every step is the same seeded draw scaled to
-  its rate, so steps differ by load, not by luck; prompts differ (fresh seed per step), so one step's
-  prefix cache never serves the next (``scenario.steps.step_specs``). The search's confirming steps ask
-  for fresh draws (``CapacitySearch.next_draw``).
+- Each step's arrival pattern is the draw the search asks for (``CapacitySearch.next_draw``: a fresh one
+  per step by default, ``search.arrivals: common`` for one draw scaled to every step); prompts differ
+  (fresh seed per step), so one step's prefix cache never serves the next (``scenario.steps.step_specs``).
 - A step whose load generator fell behind (its detail's ``disturbed``, or client p99 lateness over the
   bound) is handed to the search as disturbed: it is measured again instead of deciding.
 - The rated capacity is the *offered* rate of the deciding passing steps (``rate_rps``; the load asked
-  for is ``requested_rps``), with the interval, boundary and binding SLO of ``capacity.rating`` over
-  every counted step and its requests (computed once, at the end).
+  for is ``requested_rps``), with the estimate, interval, boundary and binding SLO of ``capacity.rating``
+  over every counted step (computed once, at the end).
 - ``summary.json`` is rewritten after every step: Ctrl-C or a dying target leaves everything measured.
 """
 
@@ -198,14 +197,13 @@ async def measure_step(runner: CapacityRunner, load: float, phase: str, index: i
     return res
 
 
-def rate_interval(plan: CapacityPlan, summary: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """``capacity.rating`` over the summary's counted steps and their requests; None without a verdict to
-    put an interval on (never_met, or nothing judged)."""
+def rate_interval(plan: CapacityPlan, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """``capacity.rating`` over the summary's counted steps; None without a verdict to put an interval on
+    (never_met, or nothing judged)."""
     if summary.get("search_verdict") not in ("rated", "never_broke"):
         return None
     steps = summary["steps"]
-    return rating.rate(steps, plan.search.axis, rating.window_records(steps, records),
-                       confidence=plan.step.confidence, seed=plan.scenario.seed)
+    return rating.rate(steps, plan.search.axis, confidence=plan.step.confidence, seed=plan.scenario.seed)
 
 
 def _f(x: float | None) -> str:
@@ -295,7 +293,7 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
     summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
                             complete=runner.stopped is None, stopped=runner.stopped)
     records = read_run_records(run_dir)
-    interval = rate_interval(plan, summary, records)
+    interval = rate_interval(plan, summary)
     if interval is not None:
         summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
                                 complete=runner.stopped is None, stopped=runner.stopped, interval=interval)

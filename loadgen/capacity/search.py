@@ -16,15 +16,19 @@ how ``loadgen.capacity.run`` drives it against a real target.
   bracket, so it never converges slower than bisection by more than one step in two. A failing end
   that was stopped early has only a lower-bound margin: that bracket is bisected.
 - **confirm**: once the bracket has converged (or the step budget is spent), its pass end and then its
-  fail end are measured again, each with a fresh arrival pattern (``draw`` 1, 2, ...; every other step
-  uses draw 0, the common pattern). A load's verdict is the majority of its counted measurements (a tie
-  counts as a failure: a rating must hold on most patterns). A confirmation that disagrees makes a tie,
-  which one more fresh draw breaks; when the majority turns against the end, the bracket reopens (a pass
-  end that now fails, a fail end that now passes) and the search bisects on from there. An end is
-  *confirmed* when at least two of its measurements, with different draws, agree with its verdict.
-  A reopening shows the common pattern misleads near the boundary, so every step after one gets a fresh
-  draw of its own. After ``max_reopens`` reopenings no more confirmations are asked: the search converges and says the
-  bracket is unconfirmed.
+  fail end are measured again, each with a fresh arrival pattern. A load's verdict is the majority of its
+  counted measurements (a tie counts as a failure: a rating must hold on most patterns). A confirmation
+  that disagrees makes a tie, which one more fresh draw breaks; when the majority turns against the end,
+  the bracket reopens (a pass end that now fails, a fail end that now passes) and the search bisects on
+  from there. An end is *confirmed* when at least two of its measurements, with different draws, agree
+  with its verdict. After ``max_reopens`` reopenings no more confirmations are asked: the search
+  converges and says the bracket is unconfirmed.
+- **arrival draws** (``SearchConfig.arrivals``): ``fresh`` (the default) gives every step its own draw
+  (``draw`` 0, 1, 2, ...), so the steps are independent windows and ``capacity.rating`` can pool them:
+  with one draw scaled to every step (``common``), every bisection step repeats that draw's luck (one
+  that is sparse near the knee rated the calibration queue 21 % high on seed 0), and pooling them
+  averages nothing. ``common`` keeps draw 0 for the ramp and bisection (steps differ by load alone, the
+  verdicts are monotone in load on a deterministic target) until a confirmation reopens the bracket.
 - **disturbed steps**: a step whose result says ``disturbed`` (the load generator fell behind its
   schedule) decides nothing: the same load, phase and draw is measured again, at most ``retries`` times
   (``remeasured_of`` links each attempt to the one before). When the retries run out the last attempt
@@ -135,7 +139,7 @@ class CapacitySearch:
 
     @property
     def next_draw(self) -> int:
-        """The arrival pattern of the next step (0: the common one; confirmations get fresh ones)."""
+        """The arrival pattern of the next step (a fresh one each, or 0: the common one)."""
         return self._pending.draw if self._pending else 0
 
     @property
@@ -255,8 +259,8 @@ class CapacitySearch:
         return _Proposal(max(nxt, c.min_load), "ramp", self._fresh())
 
     def _fresh(self) -> int:
-        """Draw 0 (the common pattern) until a confirmation reopened the bracket, a fresh draw after."""
-        if not self.reopens:
+        """A fresh draw; with ``arrivals: common``, draw 0 until a confirmation reopened the bracket."""
+        if self.cfg.arrivals == "common" and not self.reopens:
             return 0
         self._draws += 1
         return self._draws

@@ -251,3 +251,19 @@ def batch_fill(win: list[dict], srv: ServerMetrics, max_num_seqs: int | None) ->
             vals.append(sum(running) / cap)
             source = f"{srv.running} / {cap_name}" if cap_name else f"{srv.running} / engine.max_num_seqs ({cap})"
     return (float(np.mean(vals)), source) if vals else (None, None)
+
+
+def window_records(steps: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> dict[int, list]:
+    """Each step's judged records, from a run's summary steps and ``requests.jsonl``: its stage's records
+    scheduled inside its window."""
+    win = {}
+    for st in steps:
+        w = st.get("window_s")
+        if isinstance(st.get("index"), int) and isinstance(w, Sequence) and len(w) == 2:
+            win[st["index"]] = (float(w[0]), float(w[1]))
+    out: dict[int, list] = {i: [] for i in win}
+    for r in records:
+        i = r.get("stage")
+        if i in win and win[i][0] <= r.get("scheduled_s", -math.inf) < win[i][1]:
+            out[i].append(r)
+    return out

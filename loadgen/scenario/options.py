@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from loadgen.results.sequential import SPENDING
 
 AXES = ("rate", "concurrency")
+ARRIVAL_DESIGNS = ("fresh", "common")  # search.arrivals: each step's own draw, or one draw for every step
 
 
 @dataclass(slots=True)
@@ -26,10 +27,13 @@ class SearchConfig:
     min_load: float | None = None  # default: start / growth**2 (rate), 1 (concurrency)
     max_load: float | None = None  # default: start * growth**(max_steps - 1)
     interpolate: bool = True  # false position on the SLO margins; False: plain bisection
+    arrivals: str = "fresh"  # fresh: every step its own arrival draw | common: one draw scaled to every step
 
     def __post_init__(self) -> None:
         if self.axis not in AXES:
             raise ValueError(f"axis must be one of {', '.join(AXES)}, got {self.axis!r}")
+        if self.arrivals not in ARRIVAL_DESIGNS:
+            raise ValueError(f"arrivals must be one of {', '.join(ARRIVAL_DESIGNS)}, got {self.arrivals!r}")
         if not self.start > 0 or not self.growth > 1 or not self.tolerance > 0 or self.max_steps < 1:
             raise ValueError("need start > 0, growth > 1, tolerance > 0 and max_steps >= 1")
         if self.integer:

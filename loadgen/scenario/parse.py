@@ -14,7 +14,7 @@ import yaml
 from loadgen.results.latency import LATENESS_BOUND_MS
 from loadgen.scenario.engine_options import parse_engine_options
 from loadgen.scenario.model import ENDPOINTS, SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
-from loadgen.scenario.options import AXES, SPENDING, SearchConfig, StepOptions
+from loadgen.scenario.options import ARRIVAL_DESIGNS, AXES, SPENDING, SearchConfig, StepOptions
 from loadgen.scenario.schema import MappingNode
 from loadgen.workload.arrivals import KINDS as ARRIVAL_KINDS
 from loadgen.workload.arrivals import Arrivals
@@ -197,7 +197,8 @@ def _parse_search(node: MappingNode) -> tuple[SearchConfig, StepOptions]:
     kw = dict(axis=axis, start=start, growth=growth, tolerance=tol,
               max_steps=node.get("max_steps", int, 12, min_value=1),
               min_load=node.get("min_load", (float, type(None)), None, positive=True),
-              max_load=node.get("max_load", (float, type(None)), None, positive=True))
+              max_load=node.get("max_load", (float, type(None)), None, positive=True),
+              arrivals=node.get("arrivals", str, "fresh", choices=ARRIVAL_DESIGNS))
     node.check_unknown()
     try:
         cfg = SearchConfig(**kw)
