@@ -7,8 +7,8 @@ for several seeds, rated vs true.
 Each seed is one ``slobench calibrate`` run as a user runs it (a subprocess: its own mock in queueing
 mode, the exact simulation's true capacity, the ordinary capacity search), with the seed as the
 scenario's arrival pattern. Written to calibration.json: per seed the rated and true capacity (req/s),
-the error (rated / true - 1), what a perfect search over the same steps would rate on that seed
-(``ideal``: the noise of the step protocol itself, which no search avoids), the verdict, steps and wall
+the error (rated / true - 1), what a search trusting one window per step, judged perfectly, would rate on
+that seed (``ideal``: the noise of one window's verdict), the verdict, steps and wall
 time; overall the largest |error| and the spread of the ratings ((max - min) / median). Goals from the
 issue: every |error| <= 3% and spread <= 5%.
 

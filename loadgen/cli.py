@@ -240,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated requests per seed for the true capacity (default 50000)")
     p.add_argument("--truth-seeds", type=int, default=4, metavar="K", help="simulated seeds (default 4)")
     p.add_argument("--ideal-seeds", type=int, default=20, metavar="K",
-                   help="seeds over which to simulate a perfect search over the scenario's steps, the noise any "
-                        "search over such steps has (default 20; 0: skip)")
+                   help="seeds over which to simulate a search that trusts one window per step, judged "
+                        "perfectly: the noise of one window's verdict (default 20; 0: skip)")
     _output_args(p)
     p.add_argument("--no-progress", action="store_true", help="no live display")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")

@@ -67,6 +67,7 @@ MISTAKES = [
     (with_("search.step_duration", 10), "search.step_duration", ["unknown key", "known:", "step_duration_s"]),
     # 4 a value outside its choices
     (with_("search.axis", "tokens"), "search.axis", ["expected one of rate, concurrency", "found 'tokens'"]),
+    (with_("search.arrivals", "sometimes"), "search.arrivals", ["expected one of fresh, common", "found 'sometimes'"]),
     # 5 a growth factor that never grows
     (with_("search.growth", 1), "search.growth", ["expected a factor > 1", "found 1.0"]),
     # 6 a warm-up as long as the step

@@ -6,8 +6,9 @@ exact simulation (``capacity.truth``: the highest rate whose steady-state SLO qu
 ordinary capacity search against the mock (``capacity.run.run_capacity``, nothing special-cased), and
 prints the rated capacity against the truth. The run folder is a capacity run's, and its ``summary.json``
 gains a ``calibration`` section: ``true_capacity_rps``, ``rated_rps``, ``error`` (rated / true - 1), the
-mock's parameters, and ``ideal``: what a *perfect* search over the same steps would rate (this seed's
-arrivals; the spread over ``--ideal-seeds`` seeds), the noise no search over such steps can avoid.
+mock's parameters, and ``ideal``: what a search that trusts *one* window per step, judged perfectly, would
+rate (this seed's first arrival draw; the spread over ``--ideal-seeds`` seeds): the noise of a single
+window's verdict, which the rating's pooled fit over the steps' windows is there to reduce.
 
 A separate command rather than ``capacity --truth``: the truth exists only for a target slobench starts
 and knows the queue of, so the mock's flags and the simulation's belong to one command of their own.
@@ -97,7 +98,7 @@ def calibration_section(truth: dict[str, Any], summary: dict[str, Any], q, ideal
 
 
 def ideal_section(scn, q, true_rps: float, seeds: int) -> dict[str, Any] | None:
-    """A perfect search over the scenario's steps: this seed's rating and the spread over ``seeds`` seeds."""
+    """One window per step, judged perfectly: this seed's rating and the spread over ``seeds`` seeds."""
     import numpy as np
 
     from loadgen.capacity.plan import CapacityPlan
@@ -150,7 +151,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     say(f"true capacity {_num(true_rps)} req/s (saturation {sim.saturation_rps:.3g} req/s)")
     ideal = ideal_section(scn, q, true_rps, args.ideal_seeds)
     if ideal:
-        say(f"a perfect search over these steps: {ideal['rated_rps']:.3g} req/s on this seed "
+        say(f"one window per step, judged perfectly: {ideal['rated_rps']:.3g} req/s on this seed's first draw "
             f"({_pct(ideal['error'])}); over {ideal['seeds']} seeds {_pct(ideal['mean_error'])} "
             f"± {100 * ideal['sd_error']:.1f}%")
     truth_s = time.monotonic() - t0
@@ -174,7 +175,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(json.dumps(s, indent=2, default=json_default))
     else:
         print(f"rated {_num(cal['rated_rps'])} req/s, true {_num(true_rps)} req/s: error {_pct(cal['error'])}"
-              + (f" (a perfect search over these steps: {_pct(ideal['error'])} on this seed)" if ideal else "")
+              + (f" (one window per step, judged perfectly: {_pct(ideal['error'])} on this seed)" if ideal else "")
               + f"  [{s['verdict']}]")
         others = {k: v for k, v in cal["errors"].items() if k != "rate_rps"}
         if others or cal["interval"]:

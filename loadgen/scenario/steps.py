@@ -1,13 +1,14 @@
 """The requests of one load step: what a capacity step and a Locust ramp stage send at a given load.
 
-Steps use common random numbers: every step's arrival pattern is the same seeded draw (``scn.seed``)
-scaled to its rate, so steps differ by load, not by luck; prompts are drawn fresh for each step (seed
-``scn.seed * 1000 + index + 1``), so one step's prefix cache never serves the next. A step with
-``draw = k > 0`` (the capacity search's confirming steps) gets a fresh arrival pattern instead: seed
-``arrival_seed(scn.seed, k)`` for synthetic arrivals; for a timestamped trace, the k-th slice of the trace's
-rows after the first (the rows a draw-0 step takes, then the next as many, ...; a trace too short for it
-wraps to the draws it has), so a pattern that happens to be sparse or dense cannot bias the steps that
-decide a rating. A trace step takes
+A step's arrival pattern is its ``draw``: draw 0 is the scenario's own seeded draw (``scn.seed``) scaled
+to the step's rate (a Locust ramp's stages all use it, as does every step of a capacity search with
+``search.arrivals: common``: steps that differ by load alone); draw ``k > 0`` (every later step of a
+capacity search by default, its confirmations always) is a fresh pattern: seed ``arrival_seed(scn.seed,
+k)`` for synthetic arrivals; for a timestamped trace, the k-th slice of the trace's rows after the first
+(the rows a draw-0 step takes, then the next as many, ...; a trace too short for it wraps to the draws it
+has), so a pattern that happens to be sparse or dense cannot bias the steps that decide a rating. Prompts
+are drawn fresh for each step (seed ``scn.seed * 1000 + index + 1``), so one step's prefix cache never
+serves the next. A trace step takes
 the trace's first ``load x duration`` rows (at least ``TRACE_MIN_ROWS``) at mean rate ``load``, shaped as
 the scenario says (``workload.shaping``) and cut at the step's end after its ties are spread. A
 conversation's later turns (real history) go only while the step's window is open: one due after it ends is

@@ -1,0 +1,160 @@
+"""The capacity search and its rating against the calibration queue, simulated exactly, over many seeds:
+how accurate, how spread and how honest the rating and its interval are, free of machine noise.
+
+    python bench/rating_simulation.py [--scenario scenarios/calibrate.yaml] [--runs 100]
+                                      [--out bench/results/rating-simulation.json]
+
+Each run is the real search (``CapacitySearch`` with the scenario's ``search`` section) and the real rating
+(``capacity.rating.rate``) on steps whose windows are computed, not measured: the mock's queueing mode
+(``truth.QueueParams()``, calibrate's default) fed a step's own arrival draw, from an empty queue, for
+``step_duration_s``, the requests scheduled in the first ``warmup_s`` not judged. What it leaves out: early
+stopping (every step runs its whole length), the steady-state warm-up, the client. Both arrival designs
+(``search.arrivals``: ``fresh``, ``common``) run on the same seeds.
+
+Per design: the error (rated / true - 1) of the search's pass end (``rate_rps``) and of the rating's
+``estimate`` (mean, sd, the share within 3 %), the spread ((max - min) / median) of each run of three
+consecutive seeds (median and 90th percentile over those triples), how often the interval holds the truth
+and how often it holds the other runs' estimates. ``floor``: the load sd of the best any estimate can do
+with k windows of the step's length, all at the true capacity with the curve's slope known (the window
+share's sd / sqrt(k) / the slope of the share against log load): what a fixed budget of windows allows;
+and how often one window's own quantile passes at the truth and 5, 10, 16 % above it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadgen.capacity import rating  # noqa: E402
+from loadgen.capacity.plan import CapacityPlan  # noqa: E402
+from loadgen.capacity.search import CapacitySearch, StepResult  # noqa: E402
+from loadgen.capacity.truth import QueueParams, QueueTruth, draw, latencies  # noqa: E402
+from loadgen.results.latency import quantile  # noqa: E402
+from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
+from loadgen.scenario.parse import load_scenario  # noqa: E402
+
+
+class Windows:
+    """One step's judged TTFTs: the queue fed a draw from empty for the step's length."""
+
+    def __init__(self, scn, q: QueueParams, duration_s: float, warmup_s: float):
+        self.scn, self.q, self.duration_s, self.warmup_s = scn, q, duration_s, warmup_s
+        slo = next(s for ss in scn.slos().values() for s in ss)
+        self.threshold, self.quantile = slo.threshold_ms, slo.quantile
+        self.tier = next(t for t, ss in scn.slos().items() if ss)
+
+    def ttfts(self, seed: int, rate: float) -> tuple[np.ndarray, float]:
+        d = draw(self.scn, seed, duration_s=self.duration_s * rate + 50)
+        a = d.arrive / rate
+        n = int(np.searchsorted(a, self.duration_s))
+        v = latencies(a[:n], d.n_in[:n], d.n_out[:n], self.q)["ttft_ms"]
+        judged = a[:n] >= self.warmup_s
+        return v[judged], judged.sum() / (self.duration_s - self.warmup_s)
+
+    def step(self, index: int, load: float, seed: int) -> tuple[dict, StepResult]:
+        v, planned = self.ttfts(seed, load)
+        q = quantile(v, self.quantile)
+        entry = {"index": index, "load": load, "planned_rps": float(planned), "tiers": {self.tier: {
+            "quantile": self.quantile, "judged": {"ttft_ms": {"n": int(v.size), "over": int((v > self.threshold).sum()),
+                                                              "value_ms_q": q, "threshold_ms": self.threshold}}}}}
+        return entry, StepResult(passed=q <= self.threshold, margin=q / self.threshold)
+
+
+def one_run(scn, win: Windows, arrivals: str, seed: int) -> dict:
+    search = CapacitySearch(dataclasses.replace(scn.search, arrivals=arrivals))
+    steps: list[dict] = []
+
+    def measure(load: float, phase: str, d: int) -> StepResult:
+        entry, res = win.step(len(steps), load, 1_000_003 * (seed + 1) + d)
+        steps.append(entry)
+        return res
+
+    out = search.run(measure, draws=True)
+    r = rating.rate(steps, seed=seed)
+    passed = [s["planned_rps"] for s in steps if s["load"] == out.rated_load]
+    return {"seed": seed, "steps": len(steps), "rate_rps": float(np.mean(passed)) if passed else None,
+            "estimate": r["estimate"], "ci": [r["ci_low"], r["ci_high"]], "fit": r["fit"]}
+
+
+def describe(runs: list[dict], truth: float) -> dict:
+    out: dict = {}
+    for key in ("rate_rps", "estimate"):
+        e = np.asarray([r[key] / truth - 1.0 for r in runs if r[key] is not None])
+        triples = [np.asarray([r[key] for r in runs[i:i + 3]]) for i in range(0, len(runs) - 2, 3)]
+        spreads = [(t.max() - t.min()) / np.median(t) for t in triples]
+        out[key] = {"mean_error": float(e.mean()), "sd_error": float(e.std()),
+                    "within_3pct": float(np.mean(abs(e) <= 0.03)),
+                    "spread_of_three_median": float(np.median(spreads)), "spread_of_three_p90": quantile(spreads, 0.9),
+                    "triples_within_5pct": float(np.mean(np.asarray(spreads) <= 0.05))}
+    est = np.asarray([r["estimate"] for r in runs])
+    lo, hi = np.asarray([r["ci"][0] for r in runs]), np.asarray([r["ci"][1] for r in runs])
+    others = [float(np.mean((lo[i] <= np.delete(est, i)) & (np.delete(est, i) <= hi[i]))) for i in range(len(runs))]
+    out["interval"] = {"holds_truth": float(np.mean((lo <= truth) & (truth <= hi))),
+                       "holds_others": float(np.mean(others)),
+                       "median_width": float(np.median((hi - lo) / truth))}
+    out["logistic_fits"] = float(np.mean([r["fit"] == "logistic" for r in runs]))
+    return out
+
+
+def floor(win: Windows, truth: float, windows: list[int], draws: int = 400) -> dict:
+    shares = np.asarray([np.mean(win.ttfts(9_000_000 + s, truth)[0] > win.threshold) for s in range(draws)])
+    big = [win.ttfts(8_000_000 + s, truth * f)[0] for f in (0.97, 1.03) for s in range(draws // 4)]
+    lo = np.mean([np.mean(v > win.threshold) for v in big[:draws // 4]])
+    hi = np.mean([np.mean(v > win.threshold) for v in big[draws // 4:]])
+    slope = (hi - lo) / math.log(1.03 / 0.97)  # d share / d log load at the truth
+    passes = []
+    for f in (1.0, 1.05, 1.10, 1.16):  # how often one window's own quantile passes, at and above the truth
+        ok = [quantile(win.ttfts(7_000_000 + s, truth * f)[0], win.quantile) <= win.threshold
+              for s in range(draws // 2)]
+        passes.append({"load_over_truth": f, "windows_passing": float(np.mean(ok))})
+    return {"window_passes": passes, "window_share_mean": float(shares.mean()), "window_share_sd": float(shares.std()),
+            "binomial_sd": float(math.sqrt(shares.mean() * (1 - shares.mean()) / max(1, win.ttfts(1, truth)[0].size))),
+            "slope_per_log_load": float(slope), "draws": draws,
+            "by_windows": [{"windows": k, "load_sd": float(shares.std() / math.sqrt(k) / slope)} for k in windows]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="the capacity search and rating against the exactly simulated "
+                                             "calibration queue: accuracy, spread, interval coverage")
+    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "calibrate.yaml")
+    ap.add_argument("--runs", type=int, default=99, help="seeds per arrival design (default 99: 33 triples)")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "rating-simulation.json")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    scn = load_scenario(args.scenario)
+    plan = CapacityPlan.from_scenario(scn)
+    q = QueueParams()
+    truth = QueueTruth(scn, q, requests=50_000, seeds=4).capacity()
+    win = Windows(scn, q, plan.step.step_duration_s, plan.step.warmup_s)
+    designs = {}
+    for arrivals in ("fresh", "common"):
+        runs = []
+        for seed in range(args.runs):
+            runs.append(one_run(scn, win, arrivals, seed))
+            if (seed + 1) % 20 == 0:
+                print(f"  {arrivals}: {seed + 1}/{args.runs} runs", file=sys.stderr, flush=True)
+        designs[arrivals] = {"summary": describe(runs, truth), "runs": runs}
+        print(f"{arrivals}: {json.dumps(designs[arrivals]['summary'])}", file=sys.stderr, flush=True)
+    result = {"bench": "rating-simulation", "started_at": now_iso(), "git_commit": git_commit(), "machine": machine(),
+              "versions": versions(), "scenario": str(args.scenario), "queue": q.as_dict(), "true_rps": truth,
+              "step_duration_s": plan.step.step_duration_s, "warmup_s": plan.step.warmup_s, "runs": args.runs,
+              "designs": designs, "floor": floor(win, truth, [4, 8, 12, 20, 40, 80, 160]),
+              "wall_s": round(time.monotonic() - t0, 1)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {args.out} in {result['wall_s']} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
