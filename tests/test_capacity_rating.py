@@ -199,3 +199,22 @@ def test_window_records_are_the_stage_s_requests_inside_its_window():
             {"stage": 1, "scheduled_s": 25.0}, {"stage": 2, "scheduled_s": 25.0}]
     w = window_records(steps, recs)
     assert w == {0: [recs[1]], 1: [recs[3]]}
+
+
+def test_a_wide_gap_below_the_first_exceedances_does_not_drag_the_crossing_down():
+    """Windows with no exceedance far below (the ramp's 2 and 4) and the knee's windows all just over 1 %:
+    the isotonic crossing interpolates linearly across the gap, far too low; the logistic fit, started from
+    one over every window, places it where the curve is."""
+    loads = [2.0, 4.0, 9.8, 10.2, 10.6, 11.0]
+    b = 20.0
+    a = math.log(0.01 / 0.99) - b * math.log(9.5)  # the true crossing: 9.5
+    steps = []
+    for i, x in enumerate(loads):
+        p = 1.0 / (1.0 + math.exp(-(a + b * math.log(x))))
+        steps.append({"index": i, "load": x, "tiers": {"premium": {"quantile": 0.99, "judged": {"ttft_ms": {
+            "value_ms_q": 300.0 * (x / 9.5) ** 4, "threshold_ms": 300.0, "n": 100000, "over": round(100000 * p)}}}}})
+    over = np.asarray([s["tiers"]["premium"]["judged"]["ttft_ms"]["over"] for s in steps], dtype=float)
+    iso, _ = rating.exceedance_crossing(np.asarray(loads), over, np.full(len(loads), 100000.0), 0.01)
+    assert iso < 8.0  # the gap's linear interpolation
+    r = rate(steps, n_boot=50)
+    assert r["fit"] == "logistic" and r["estimate"] == pytest.approx(9.5, rel=0.01)

@@ -12,21 +12,24 @@ own arrival draw (``search.arrivals: fresh``); the steps together say more than 
   *Why shares, not each window's quantile:* a window's share is an unbiased estimate of the share in
   steady state at its load, and the shares of several windows pool. A window's p99 is not: requests queue
   in runs, so most short windows miss the rare long busy period and a few catch it, and the typical window
-  passes above the true capacity (the calibration queue: a 15 s window passes 15 % of the time 16 % above
-  it, `bench/results/calibration.json`). Counts also pool across a step stopped early: the sum of
+  passes above the true capacity (the calibration queue: a 15 s window passes 19 % of the time 16 % above
+  it, ``bench/results/rating-simulation.json``). Counts also pool across a step stopped early: the sum of
   exceedances minus the expected is a martingale, so stopping at a breach does not bias the pooled share
   as it biases that one window's.
 - **The fit.** First a monotone one: the shares pooled per load, fitted non-decreasing (isotonic,
   pool-adjacent-violators, weighted by ``n``), crossing 1 - q interpolated linearly in the share and in
-  log(load). Then, where the steps allow, a dose-response fit around it: a logistic regression of each
-  request's exceedance on log(load) over the steps within ``NEIGHBOURHOOD`` (x / 1.25) of the crossing,
-  refitted around its own crossing (three times), its crossing taken where it is 1 - q. It uses the slope
-  of every window near the knee, not only the two either side of the crossing. It is kept only when it
-  rests on at least two loads, some requests over and some within, rises with load, and crosses within
-  5 % of the loads it was fitted on; otherwise the monotone crossing stands (``fit`` says which). The
-  rated estimate is the lowest crossing over every SLO; ``binding`` names the SLO it belongs to. When
-  every step passes (or fails) the crossing lies outside the loads tried: the estimate is the highest
-  (lowest) load tried, and ``open`` says ``"above"`` (``"below"``).
+  log(load); it says whether the steps cross at all (``open``). Then a dose-response fit: a logistic
+  regression of each request's exceedance on log(load), first over every window, then over the steps
+  within ``NEIGHBOURHOOD`` (x / 1.25) of its crossing, refitted around its own crossing (three times); the
+  estimate is where it is 1 - q. It uses the slope of every window near the knee, not only the two either
+  side of the crossing, and it is not fooled by a gap: between a ramp window with no exceedance far below
+  and the first window just over 1 - q the isotonic crossing interpolates linearly, far too low, where the
+  share rises steeply. A fit stands when it rests on at least two loads, some requests over and some
+  within, rises with load, and crosses within 5 % of the loads it was fitted on; the local one is preferred,
+  then the one over every window, then the isotonic crossing (``fit``: ``logistic`` or ``isotonic``;
+  ``fit_windows``). The rated estimate is the lowest crossing over every SLO; ``binding`` names the SLO it
+  belongs to. When every step passes (or fails) the crossing lies outside the loads tried: the estimate is
+  the highest (lowest) load tried, and ``open`` says ``"above"`` (``"below"``).
 - **Bootstrap over windows.** The requests of one window are correlated (one busy period, one burst of
   refusals, makes many exceedances at once), so a window, not a request, is the unit: each replicate
   resamples the counted steps with replacement, those within ``NEIGHBOURHOOD`` of the estimate among
@@ -207,28 +210,39 @@ def logistic_crossing(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: flo
     c, k = start, 0
     for _ in range(3):
         near = (x >= c / NEIGHBOURHOOD) & (x <= c * NEIGHBOURHOOD)
-        xs, os_, ns = x[near], over[near], n[near]
-        if len(np.unique(xs)) < 2 or os_.sum() == 0 or (ns - os_).sum() == 0:
+        at = _logistic_level(x[near], over[near], n[near], level)
+        if at is None:
             return None
-        ab = logistic_fit(xs, os_, ns)
-        if ab is None or not ab[1] > 0:
-            return None
-        z = (math.log(level / (1.0 - level)) - ab[0]) / ab[1]
-        lx = np.log(xs)
-        if not lx.min() - 0.05 <= z <= lx.max() + 0.05:
-            return None
-        c, k = math.exp(z), int(near.sum())
+        c, k = at, int(near.sum())
     return c, k
 
 
 def slo_crossing(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float) -> tuple[float, str | None, int]:
-    """(crossing, open end, windows of the logistic fit: 0 when the isotonic crossing stands)."""
+    """(crossing, open end, windows of the logistic fit: 0 when the isotonic crossing stands). The local fit
+    starts from a logistic fit over every window (a start the isotonic crossing can miss by far: it
+    interpolates linearly between a window with no exceedance far below and the first one over the level)."""
     c, open_end = exceedance_crossing(x, over, n, level)
-    if open_end is None:
-        fit = logistic_crossing(x, over, n, level, c)
-        if fit is not None:
-            return fit[0], None, fit[1]
-    return c, open_end, 0
+    if open_end is not None:
+        return c, open_end, 0
+    whole = _logistic_level(x, over, n, level)
+    fit = logistic_crossing(x, over, n, level, whole if whole is not None else c)
+    if fit is not None:
+        return fit[0], None, fit[1]
+    if whole is not None:
+        return whole, None, len(x)
+    return c, None, 0
+
+
+def _logistic_level(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float) -> float | None:
+    """Where a logistic fit over every window is ``level``; None where it cannot stand."""
+    if len(np.unique(x)) < 2 or over.sum() == 0 or (n - over).sum() == 0:
+        return None
+    ab = logistic_fit(x, over, n)
+    if ab is None or not ab[1] > 0:
+        return None
+    z = (math.log(level / (1.0 - level)) - ab[0]) / ab[1]
+    lx = np.log(x)
+    return math.exp(z) if lx.min() - 0.05 <= z <= lx.max() + 0.05 else None
 
 
 def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: float = 0.95,
