@@ -13,9 +13,10 @@ own arrival draw (``search.arrivals: fresh``); the steps together say more than 
   steady state at its load, and the shares of several windows pool. A window's p99 is not: requests queue
   in runs, so most short windows miss the rare long busy period and a few catch it, and the typical window
   passes above the true capacity (the calibration queue: a 15 s window passes 19 % of the time 16 % above
-  it, ``bench/results/rating-simulation.json``). Counts also pool across a step stopped early: the sum of
-  exceedances minus the expected is a martingale, so stopping at a breach does not bias the pooled share
-  as it biases that one window's.
+  it, ``bench/results/rating-simulation.json``). A step stopped at its breach is counted up to its stop,
+  which is still biased: it stops as soon as its exceedances are enough, in the middle of the run of
+  them, so its count leaves out the rest of that run (were requests independent, the pooled share would
+  be unbiased however steps stop; they are not).
 - **The fit.** First a monotone one: the shares pooled per load, fitted non-decreasing (isotonic,
   pool-adjacent-violators, weighted by ``n``), crossing 1 - q interpolated linearly in the share and in
   log(load); it says whether the steps cross at all (``open``). Then a dose-response fit: a logistic
@@ -318,7 +319,7 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: 
         "boundary": None if ratio is None else ("cliff" if cliff else "gradual"),
         "margin_load_ratio": ratio, "windows": cols,
         "method": "share of requests over the threshold against " + ("users" if axis == "concurrency" else
-                  "offered rate") + f" (isotonic, then a local logistic fit); bootstrap ({n_boot}) of the windows",
+                  "offered rate") + f" (isotonic, then logistic fits); bootstrap ({n_boot}) of the windows",
         "n_boot": n_boot, "seed": seed,
     }
 
