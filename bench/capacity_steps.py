@@ -7,8 +7,9 @@ RUN_DIR: a ``slobench capacity`` run folder (``summary.json`` + ``requests.jsonl
 ``bench/capacity_seeds_bench.py --keep DIR`` leaves. Per step and judged tier: the window's requests, how
 many the target refused (HTTP 429: each counts as infinitely late in the SLO), how many were still in
 flight when a step stopped at its breach (cut: they count with the time they had waited) or failed
-otherwise, the p99 TTFT of the answered ones, and the most refusals within any ``--burst-s`` (0.5 s). Nothing is
-measured here: it reads what the runs wrote.
+otherwise, the p99 TTFT of the answered ones, and the most refusals within any ``--burst-s`` (0.5 s); per step
+the breakdown's mean prefill and decode time (how fast the target ran at that load). Nothing is measured
+here: it reads what the runs wrote.
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ def step_rows(run_dir: Path, burst_s: float) -> list[dict]:
                      "asked_rps": st.get("load"), "offered_rps": st.get("offered_rps"),
                      "placed_rps": step_load(st, summary.get("axis") or "rate"),
                      "duration_s": st.get("duration_s"), "passed": st.get("passed"), "early": st.get("early"),
-                     "counted": st.get("counted"), "tiers": tiers})
+                     "counted": st.get("counted"), "tiers": tiers,
+                     # the engine's own speed at the step's load (its timing object), whatever the search did
+                     "mean_prefill_ms": (st.get("breakdown") or {}).get("mean_prefill_ms"),
+                     "mean_decode_ms": (st.get("breakdown") or {}).get("mean_decode_ms")})
     return rows
 
 
@@ -75,7 +79,8 @@ def main() -> int:
     if missing:
         ap.error(f"no summary.json in {', '.join(missing)}")
     out = {"bench": "capacity_steps", "burst_s": args.burst_s,
-           "runs": {r.name: step_rows(r, args.burst_s) for r in args.runs}}
+           "runs": {r.name: step_rows(r, args.burst_s) for r in args.runs},
+           "started_at": {r.name: json.loads((r / "summary.json").read_text()).get("started_at") for r in args.runs}}
     for run, rows in out["runs"].items():
         print(run)
         for row in rows:
