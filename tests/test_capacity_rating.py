@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from loadgen.capacity import rating
-from loadgen.capacity.rating import CLIFF_RATIO, MAX_T_SCALE, crossing, isotonic, level_crossing, rate, t_scale
+from loadgen.capacity.rating import CLIFF_RATIO, MAX_T_SCALE, isotonic, level_crossing, rate, t_scale
 from loadgen.capacity.step_stats import window_records
 
 
@@ -22,14 +22,12 @@ def test_isotonic_pools_adjacent_violators():
     assert isotonic([0, 1, 2]).tolist() == [0, 1, 2]
 
 
-def test_margin_crossing_is_interpolated_in_log_log():
+def test_margin_level_crossing_is_interpolated_in_log_log():
     x = [1.0, 2.0, 4.0, 8.0]
-    lm = np.log([0.25, 0.5, 2.0, 4.0])
-    c, open_end = crossing(x, lm, [1, 1, 1, 1])
-    assert open_end is None and c == pytest.approx(2 * math.sqrt(2))  # halfway from 0.5 to 2 in log
-    assert crossing(x, np.log([0.1, 0.2, 0.3, 0.9]), [1] * 4) == (8.0, "above")
-    assert crossing(x, np.log([1.1, 2, 3, 4]), [1] * 4) == (1.0, "below")
-    assert level_crossing(x, np.log([0.25, 0.5, 2.0, 4.0]), math.log(0.5)) == pytest.approx(2.0)  # on a point
+    g = np.log([0.25, 0.5, 2.0, 4.0])
+    assert level_crossing(x, g) == pytest.approx(2 * math.sqrt(2))  # halfway from 0.5 to 2 in log
+    assert level_crossing(x, g, math.log(0.5)) == pytest.approx(2.0)  # on a point
+    assert level_crossing(x, np.log([0.1, 0.2, 0.3, 0.9])) is None and level_crossing(x, np.log([1.1, 2, 3, 4])) is None
 
 
 def test_exceedance_crossing_pools_windows_and_interpolates():

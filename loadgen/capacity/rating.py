@@ -102,16 +102,6 @@ def level_crossing(x: Sequence[float], g: Sequence[float], level: float = 0.0) -
     return float(math.exp(math.log(x[j - 1]) + t * (math.log(x[j]) - math.log(x[j - 1]))))
 
 
-def crossing(x: Sequence[float], logm: Sequence[float], w: Sequence[float]) -> tuple[float, str | None]:
-    """(load where the isotonic fit of log margin crosses 0, None | "above" | "below" when it does not
-    cross within the loads: the highest / lowest load tried)."""
-    g = isotonic(logm, w)
-    c = level_crossing(x, g)
-    if c is not None:
-        return c, None
-    return (float(x[-1]), "above") if g[-1] <= 0 else (float(x[0]), "below")
-
-
 def margin_load_ratio(x: Sequence[float], logm: Sequence[float], w: Sequence[float]) -> float | None:
     """Load at margin 1.2 / load at margin 0.8 on the fit (see the module's docstring)."""
     g = isotonic(logm, w)
