@@ -94,7 +94,8 @@ def test_calibrate_end_to_end_writes_the_calibration_section(tmp_path):
     r = slobench("calibrate", REPO / "scenarios" / "calibrate.yaml", "--out", tmp_path / "run", "--no-progress",
                  "--no-report", "--truth-requests", 4000, "--truth-seeds", 1, "--ideal-seeds", 2,
                  "--set", "search.step_duration_s=2.5", "--set", "search.warmup_s=0.5",
-                 "--set", "search.tolerance=0.25", "--set", "search.max_steps=6", timeout=120)
+                 "--set", "search.tolerance=0.25", "--set", "search.max_steps=6", "--set", "search.refine_steps=2",
+                 timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "true" in r.stdout and "error" in r.stdout and "Traceback" not in r.stderr
     assert "true capacity" in r.stderr  # progress: the simulation's result before the search starts
@@ -109,6 +110,12 @@ def test_calibrate_end_to_end_writes_the_calibration_section(tmp_path):
     assert cal["error"] == pytest.approx(cal["rated_rps"] / cal["true_capacity_rps"] - 1)
     assert s["rated_capacity"]["rate_rps"] == cal["rated_rps"]
     assert (tmp_path / "run" / "mock.log").read_text().startswith("mock server on")
+    # the refine windows come last, run whole (no early stop) and feed the rating's fit, not the verdict
+    refine = [st for st in s["steps"] if st["phase"] == "refine"]
+    assert [st["index"] for st in refine] == [len(s["steps"]) - 2, len(s["steps"]) - 1]
+    assert all(not st["stopped_early"] and st["counted"] and st["decided_by"] == "cap" for st in refine)
+    assert s["rated_capacity"]["interval"]["windows"] == sum(st["counted"] for st in s["steps"])
+    assert not set(s["rated_capacity"]["steps"]) & {st["index"] for st in refine}
 
 
 @pytest.mark.slow

@@ -131,6 +131,52 @@ def test_without_confirmation_the_search_is_the_old_one():
     assert "confirm" not in {st.phase for st in out.steps} and out.confirmed is None
 
 
+def test_refine_windows_come_after_the_confirmed_bracket_and_move_neither_it_nor_the_verdict():
+    """Refine windows sit at the bracket's centre, each on a fresh draw; even when every one of them fails
+    (as a noisy window near the knee may) the bracket, the verdict and the deciding steps are the
+    search's without them."""
+    def measure(load, phase, draw):
+        return StepResult(phase != "refine" and load <= 9.0)
+
+    base = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.03)).run(measure, draws=True)
+    out = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.03, refine_steps=7)).run(measure, draws=True)
+    assert len(out.steps) == len(base.steps) + 7
+    assert [st.phase for st in out.steps] == [st.phase for st in base.steps] + ["refine"] * 7
+    centre = (base.rated_load * base.first_fail_load) ** 0.5
+    assert [st.load for st in out.steps[-7:]] == pytest.approx([centre] * 7)
+    draws = [st.draw for st in out.steps]
+    assert len(set(draws)) == len(draws)  # every refine window its own draw
+    assert (out.verdict, out.rated_load, out.first_fail_load, out.confirmed, out.deciding) == (
+        base.verdict, base.rated_load, base.first_fail_load, base.confirmed, base.deciding)
+
+
+@pytest.mark.parametrize("estimate, where", [(9.3, 9.3), (100.0, "hi"), (0.5, "lo"), (None, "centre")])
+def test_refine_windows_go_to_the_estimate_kept_near_the_bracket(estimate, where):
+    """``refine_centre`` (the rating's estimate so far) places them; one far off is kept within x/÷ 1.25 of
+    the bracket's ends, and without one they sit at its centre."""
+    from loadgen.capacity.search import REFINE_REACH
+
+    seen = []
+
+    def centre(steps):
+        seen.append(len(steps))
+        return estimate
+
+    measure = lambda load, phase, draw: StepResult(load <= 9.0)  # noqa: E731
+    out = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.03, refine_steps=3),
+                         refine_centre=centre).run(measure, draws=True)
+    lo, hi = out.rated_load, out.first_fail_load
+    want = {"hi": hi * REFINE_REACH, "lo": lo / REFINE_REACH, "centre": (lo * hi) ** 0.5}.get(where, where)
+    refine = [st for st in out.steps if st.phase == "refine"]
+    assert [st.load for st in refine] == pytest.approx([want] * 3)
+    assert seen == [st.index for st in refine]  # asked before each refine window, with every step so far
+
+
+def test_refine_steps_is_validated():
+    with pytest.raises(ValueError, match="refine_steps"):
+        SearchConfig(refine_steps=-1)
+
+
 # ------------------------------------------------------------------ disturbed steps
 
 

@@ -40,7 +40,8 @@ def check_contract(s: dict) -> None:
         assert set(s["rated_capacity"]) >= RATED_KEYS
     for i, st in enumerate(s["steps"]):
         assert set(st) >= STEP_KEYS, STEP_KEYS - set(st)
-        assert st["index"] == i and st["phase"] in ("ramp", "bisect", "confirm") and isinstance(st["passed"], bool)
+        assert st["index"] == i and isinstance(st["passed"], bool)
+        assert st["phase"] in ("ramp", "bisect", "confirm", "refine")
         assert {"draw", "attempt", "remeasured_of", "counted"} <= set(st)
         assert set(st["breakdown"]) >= BREAKDOWN_KEYS
         for e in st["tiers"].values():

@@ -216,3 +216,13 @@ def test_a_wide_gap_below_the_first_exceedances_does_not_drag_the_crossing_down(
     assert iso < 8.0  # the gap's linear interpolation
     r = rate(steps, n_boot=50)
     assert r["fit"] == "logistic" and r["estimate"] == pytest.approx(9.5, rel=0.01)
+
+
+def test_estimate_alone_is_the_rating_s_estimate_and_none_without_a_crossing():
+    """``rating.estimate`` (where the search's refine windows go) is ``rate``'s estimate without the
+    interval, over every tier; None when the steps do not cross the SLO or judge nothing."""
+    steps = curve_steps(LOADS, 3, tiers=(("premium", 300.0), ("standard", 800.0)), shift={"standard": 0.9})
+    assert rating.estimate(steps) == rate(steps, n_boot=20)["estimate"] == pytest.approx(9.0, rel=0.05)
+    assert rating.estimate(steps, "concurrency") == rate(steps, "concurrency", n_boot=20)["estimate"]
+    assert rating.estimate(curve_steps([2.0, 4.0, 6.0], 3)) is None  # open above: no crossing to aim at
+    assert rating.estimate([{"index": 0, "load": 1, "tiers": {"basic": {"judged": {}}}}]) is None

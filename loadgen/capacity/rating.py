@@ -236,11 +236,21 @@ def _logistic_level(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float
     return math.exp(z) if lx.min() - 0.05 <= z <= lx.max() + 0.05 else None
 
 
-def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: float = 0.95,
-         n_boot: int = N_BOOT, seed: int = 0) -> dict[str, Any] | None:
-    """The rated capacity's estimate, interval, boundary and binding SLO from a capacity summary's
-    ``steps`` (counted ones: a step re-measured because it was disturbed is left out). None when no step
-    judged an SLO."""
+def estimate(steps: Iterable[Mapping[str, Any]], axis: str = "rate") -> float | None:
+    """The estimate alone (no interval): where the search's refine windows go next. None when no step
+    judged an SLO or the steps do not cross it (an open end)."""
+    arrays, level = _exceedances(steps, axis)
+    if not arrays:
+        return None
+    est = [slo_crossing(a[:, 1], a[:, 2], a[:, 3], level[k]) for k, a in arrays.items()]
+    value, open_end, _k = min(est, key=lambda e: e[0])
+    return None if open_end else value
+
+
+def _exceedances(steps: Iterable[Mapping[str, Any]], axis: str
+                 ) -> tuple[dict[tuple[str, str], np.ndarray], dict[tuple[str, str], float]]:
+    """Per judged SLO (tier, metric), the counted steps' rows (column, load, over, n, log margin) sorted
+    by load, and the SLO's level (1 - quantile)."""
     pts: dict[tuple[str, str], list[tuple[int, float, float, float, float]]] = {}  # (col, load, over, n, log m)
     level: dict[tuple[str, str], float] = {}
     cols = 0
@@ -264,9 +274,18 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: 
                 pts.setdefault((tier, metric), []).append((cols, x, over, n, math.log(m)))
                 used = True
         cols += used
-    if not pts:
+    return {k: np.asarray(sorted(v, key=lambda r: r[1]), dtype=float) for k, v in pts.items()}, level
+
+
+def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: float = 0.95,
+         n_boot: int = N_BOOT, seed: int = 0) -> dict[str, Any] | None:
+    """The rated capacity's estimate, interval, boundary and binding SLO from a capacity summary's
+    ``steps`` (counted ones: a step re-measured because it was disturbed is left out). None when no step
+    judged an SLO."""
+    arrays, level = _exceedances(steps, axis)
+    if not arrays:
         return None
-    arrays = {k: np.asarray(sorted(v, key=lambda r: r[1]), dtype=float) for k, v in pts.items()}
+    cols = len(_window_loads(arrays))
     est = {k: slo_crossing(a[:, 1], a[:, 2], a[:, 3], level[k]) for k, a in arrays.items()}
     binding = min(est, key=lambda k: est[k][0])
     value, open_end, k_fit = est[binding]

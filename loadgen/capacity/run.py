@@ -72,7 +72,8 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan,
     if outcome.rated_load is None:
         return None
     deciding = set(outcome.deciding)
-    steps = [s for s in outcome.steps if s.passed and s.load == outcome.rated_load and s.counted]
+    steps = [s for s in outcome.steps if s.passed and s.load == outcome.rated_load and s.counted
+             and s.phase != "refine"]  # refine windows feed the interval only
     steps = [s for s in steps if s.index in deciding] or steps
     if not steps:
         return None
@@ -274,7 +275,8 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
          "request_fit": meta.get("request_fit")}, indent=2,
         default=str) + "\n")
     loop.add_signal_handler(signal.SIGINT, runner.stop, "interrupted (Ctrl-C)")
-    search = CapacitySearch(plan.search)
+    search = CapacitySearch(plan.search, refine_centre=lambda steps: rating.estimate(
+        [step_entry(s) for s in steps], plan.search.axis))  # refine windows go to the estimate so far
     try:
         while runner.stopped is None and (nxt := search.next_step()) is not None:
             load, phase = nxt

@@ -23,6 +23,13 @@ how ``loadgen.capacity.run`` drives it against a real target.
   from there. An end is *confirmed* when at least two of its measurements, with different draws, agree
   with its verdict. After ``max_reopens`` reopenings no more confirmations are asked: the search
   converges and says the bracket is unconfirmed.
+- **refine** (``refine_steps``, default 0): once the bracket is confirmed, that many more windows, each
+  with a fresh draw, at the rating's current estimate (``refine_centre(steps)``: ``capacity.run`` passes
+  ``capacity.rating.estimate``, kept within ``REFINE_REACH`` of the bracket; the bracket's centre without
+  one). They are for the rating's fit alone: they move neither the bracket nor the verdict. The estimate
+  rests on the windows near the knee and the search alone puts some ten there; windows at the estimate,
+  which closes on the knee as they come, narrow it (``bench/results/rating-simulation.json``; at the
+  estimate beat half of them 3 % either side of it there): precision bought with time.
 - **arrival draws** (``SearchConfig.arrivals``): ``fresh`` (the default) gives every step its own draw
   (``draw`` 0, 1, 2, ...), so the steps are independent windows and ``capacity.rating`` can pool them:
   with one draw scaled to every step (``common``), every bisection step repeats that draw's luck (one
@@ -56,6 +63,7 @@ from loadgen.scenario.options import SearchConfig
 VERDICTS = ("rated", "never_met", "never_broke", "invalid")
 RETRIES = 2  # re-measures of a disturbed step
 MAX_REOPENS = 2  # confirmations that may disagree before the search stops confirming
+REFINE_REACH = 1.25  # a refine window's load (the estimate) is kept within the bracket's ends / and x this
 
 
 @dataclass(slots=True)
@@ -71,7 +79,7 @@ class StepResult:
 class Step:
     index: int
     load: float
-    phase: str  # ramp | bisect | confirm
+    phase: str  # ramp | bisect | confirm | refine
     result: StepResult
     draw: int = 0  # the arrival pattern (0: the common one)
     attempt: int = 1  # 2, 3: re-measures of a disturbed step
@@ -115,8 +123,9 @@ class SearchOutcome:
 
 class CapacitySearch:
     def __init__(self, cfg: SearchConfig, *, confirm: bool = True, retries: int = RETRIES,
-                 max_reopens: int = MAX_REOPENS):
+                 max_reopens: int = MAX_REOPENS, refine_centre: Callable[[list[Step]], float | None] | None = None):
         self.cfg = cfg
+        self.refine_centre = refine_centre
         self.confirm, self.retries, self.max_reopens = confirm, retries, max_reopens
         self.steps: list[Step] = []
         self.best_pass: float | None = None  # highest passing load
@@ -185,10 +194,14 @@ class CapacitySearch:
     # ------------------------------------------------------------ logic
 
     def _latest(self, load: float) -> Step | None:
-        return next((s for s in reversed(self.steps) if s.counted and s.load == load), None)
+        return next((s for s in reversed(self._judging()) if s.load == load), None)
+
+    def _judging(self) -> list[Step]:
+        """The counted steps the bracket and verdict rest on (refine windows only feed the rating)."""
+        return [s for s in self.steps if s.counted and s.phase != "refine"]
 
     def _at(self, load: float) -> list[Step]:
-        return [s for s in self.steps if s.counted and s.load == load]
+        return [s for s in self._judging() if s.load == load]
 
     def _verdict(self, load: float) -> bool | None:
         """The majority of the load's counted measurements; None for a tie."""
@@ -199,7 +212,7 @@ class CapacitySearch:
     def _update_bracket(self) -> None:
         """Each load's verdict is its measurements' majority (a tie fails); fails below the highest pass
         are noise."""
-        loads = {s.load for s in self.steps if s.counted}
+        loads = {s.load for s in self._judging()}
         verdict = {x: bool(self._verdict(x)) for x in loads}
         passes = [x for x, v in verdict.items() if v]
         self.best_pass = max(passes) if passes else None
@@ -208,7 +221,7 @@ class CapacitySearch:
 
     def _search_steps(self) -> int:
         """Steps counted against ``max_steps``: first attempts of ramp and bisection steps."""
-        return sum(1 for s in self.steps if s.phase != "confirm" and s.attempt == 1)
+        return sum(1 for s in self.steps if s.phase in ("ramp", "bisect") and s.attempt == 1)
 
     def _round(self, x: float) -> float:
         return float(round(x)) if self.cfg.integer else x
@@ -228,6 +241,18 @@ class CapacitySearch:
                 return _Proposal(end, "confirm", self._draws, want=want)
         return None
 
+    def _refinement(self, lo: float, hi: float) -> _Proposal | None:
+        done = sum(1 for s in self.steps if s.phase == "refine" and s.counted)
+        if done >= self.cfg.refine_steps:
+            return None
+        centre = self.refine_centre(self.steps) if self.refine_centre else None
+        if centre is None or not math.isfinite(centre):
+            centre = math.sqrt(lo * hi)
+        centre = min(max(centre, lo / REFINE_REACH), hi * REFINE_REACH)
+        load = self._round(centre)
+        self._draws += 1
+        return _Proposal(max(load, 1.0) if self.cfg.integer else load, "refine", self._draws)
+
     def _propose(self) -> _Proposal | None:
         c = self.cfg
         lo, hi = self.best_pass, self.first_fail
@@ -235,7 +260,7 @@ class CapacitySearch:
         if lo is not None and hi is not None:
             conv = self._converged(lo, hi)
             if conv or spent:
-                return self._confirmation(lo, hi)
+                return self._confirmation(lo, hi) or self._refinement(lo, hi)
             mid = self._round(self._interpolated(lo, hi) or math.sqrt(lo * hi))
             if c.integer and not lo < mid < hi:
                 mid = lo + 1

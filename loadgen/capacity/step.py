@@ -178,6 +178,8 @@ class CapacityRunner:
         if self.display:
             self.display.start_step(index, load, phase, dur + plan.drain_s)
         es = plan.step.early_stop if early_stop is None else early_stop
+        if phase == "refine":  # a window for the rating's fit alone: whole, its runs of exceedances uncut
+            es = False
         es = es and driver.in_flight() is not None  # deciding early needs the requests in flight too
         looks: list[StepLooks] = []  # the window's looks, once the warm-up is over
         mon = asyncio.ensure_future(self._monitor(st, arrivals, es, base, looks))

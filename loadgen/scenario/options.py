@@ -28,6 +28,7 @@ class SearchConfig:
     max_load: float | None = None  # default: start * growth**(max_steps - 1)
     interpolate: bool = True  # false position on the SLO margins; False: plain bisection
     arrivals: str = "fresh"  # fresh: every step its own arrival draw | common: one draw scaled to every step
+    refine_steps: int = 0  # windows around the confirmed bracket for the rating's fit only (phase refine)
 
     def __post_init__(self) -> None:
         if self.axis not in AXES:
@@ -36,6 +37,8 @@ class SearchConfig:
             raise ValueError(f"arrivals must be one of {', '.join(ARRIVAL_DESIGNS)}, got {self.arrivals!r}")
         if not self.start > 0 or not self.growth > 1 or not self.tolerance > 0 or self.max_steps < 1:
             raise ValueError("need start > 0, growth > 1, tolerance > 0 and max_steps >= 1")
+        if self.refine_steps < 0:
+            raise ValueError("need refine_steps >= 0")
         if self.integer:
             self.start = max(1, round(self.start))
         if self.min_load is None:

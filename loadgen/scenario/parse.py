@@ -198,7 +198,8 @@ def _parse_search(node: MappingNode) -> tuple[SearchConfig, StepOptions]:
               max_steps=node.get("max_steps", int, 12, min_value=1),
               min_load=node.get("min_load", (float, type(None)), None, positive=True),
               max_load=node.get("max_load", (float, type(None)), None, positive=True),
-              arrivals=node.get("arrivals", str, "fresh", choices=ARRIVAL_DESIGNS))
+              arrivals=node.get("arrivals", str, "fresh", choices=ARRIVAL_DESIGNS),
+              refine_steps=node.get("refine_steps", int, 0, min_value=0))
     node.check_unknown()
     try:
         cfg = SearchConfig(**kw)
