@@ -98,6 +98,7 @@ def test_calibrate_end_to_end_writes_the_calibration_section(tmp_path):
                  timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "true" in r.stdout and "error" in r.stdout and "Traceback" not in r.stderr
+    assert ", 2 of them refine)" in r.stdout  # the interval line says what it rests on
     assert "true capacity" in r.stderr  # progress: the simulation's result before the search starts
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     cal = s["calibration"]

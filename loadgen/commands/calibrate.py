@@ -24,7 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError, run_dir_from, target_options
+from loadgen.commands.common import (
+    EXIT_FAIL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    UsageError,
+    interval_basis,
+    run_dir_from,
+    target_options,
+)
 
 
 def mock_flags(q) -> list[str]:
@@ -181,7 +189,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if others or cal["interval"]:
             print("  " + ", ".join(f"{k} {_pct(v)}" for k, v in others.items())
                   + (f"; truth {'inside' if cal['truth_in_interval'] else 'OUTSIDE'} the interval "
-                     f"{_num(cal['interval'][0])}-{_num(cal['interval'][1])} req/s" if cal["interval"] else ""))
+                     f"{_num(cal['interval'][0])}-{_num(cal['interval'][1])} req/s ({interval_basis(s).strip()})"
+                     if cal["interval"] else ""))
         print(s["verdict_text"])
         print(f"results: {res.run_dir}/ (summary.json: calibration)")
     if not args.no_report and s["steps"]:

@@ -18,6 +18,7 @@ from loadgen.commands.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     UsageError,
+    interval_basis,
     run_dir_from,
     target_options,
 )
@@ -111,7 +112,8 @@ def print_verdict(s: dict[str, Any]) -> None:
             of = "users" if r.get("ci_of") == "concurrency" else "req/s"
             b = r.get("binding") or {}
             con.print(f"{100 * r['confidence']:g}% interval: {r['ci_low']:.3g}–{r['ci_high']:.3g} {of} "
-                      f"(estimate {r['estimate']:.3g}); {r.get('boundary') or '-'} boundary; binding SLO: "
+                      f"(estimate {r['estimate']:.3g}{interval_basis(s)}); {r.get('boundary') or '-'} boundary; "
+                      f"binding SLO: "
                       f"{b.get('tier')} {b.get('metric')}"
                       + ("" if r.get("confirmed") is None else
                          ("; both ends confirmed on fresh arrivals" if r["confirmed"] else "; UNCONFIRMED")))

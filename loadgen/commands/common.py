@@ -1,4 +1,5 @@
-"""What every command shares: the usage error, the exit codes, and the output flags' run folder."""
+"""What every command shares: the usage error, the exit codes, the output flags' run folder, and how a
+capacity summary's interval is described."""
 
 from __future__ import annotations
 
@@ -65,3 +66,11 @@ def target_options(args: argparse.Namespace, scenario=None):
                          continuous_usage=getattr(scenario, "continuous_usage", None),
                          endpoint=pick(getattr(args, "endpoint", None), getattr(scenario, "endpoint", None)))
 
+
+
+def interval_basis(summary: dict[str, Any]) -> str:
+    """What a capacity summary's interval rests on: " from 23 windows, 8 of them refine" (or "")."""
+    r = summary.get("rated_capacity") or {}
+    windows = (r.get("interval") or {}).get("windows")
+    refine = sum(1 for st in summary.get("steps") or [] if st.get("phase") == "refine" and st.get("counted"))
+    return (f" from {windows} windows" if windows else "") + (f", {refine} of them refine" if refine else "")
