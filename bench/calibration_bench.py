@@ -9,8 +9,9 @@ mode, the exact simulation's true capacity, the ordinary capacity search), with 
 scenario's arrival pattern. Written to calibration.json: per seed the rated and true capacity (req/s),
 the error (rated / true - 1), what a search trusting one window per step, judged perfectly, would rate on
 that seed (``ideal``: the noise of one window's verdict), the verdict, steps and wall
-time; overall the largest |error| and the spread of the ratings ((max - min) / median). Goals from the
-issue: every |error| <= 3% and spread <= 5%.
+time; overall the largest |error| and the spread of the ratings ((max - min) / median), and the same of
+the rating's ``estimate`` with how many of the other runs' estimates each run's interval holds
+(``estimate``). Goals from the issue: every |error| <= 3% and spread <= 5%.
 
 Extra flags after ``--`` go to every ``slobench calibrate`` run (e.g. ``-- --set search.step_duration_s=10``
 for a quick look; the goals are for the defaults).
@@ -122,11 +123,21 @@ def main(argv: list[str] | None = None) -> int:
     rated = [r["rated_rps"] for r in runs if r.get("rated_rps") is not None]
     errors = [abs(r["error"]) for r in runs if r.get("error") is not None]
     spread = (max(rated) - min(rated)) / statistics.median(rated) if len(rated) > 1 else None
+    with_est = [r for r in runs if (r.get("errors") or {}).get("estimate") is not None]
+    est = [r["true_rps"] * (1 + r["errors"]["estimate"]) for r in with_est]
+    held = []  # each run's interval against every other run's estimate
+    for i, r in enumerate(with_est):
+        if r.get("interval"):
+            lo, hi = r["interval"]
+            held += [lo <= e <= hi for j, e in enumerate(est) if j != i]
+    estimate = {"max_abs_error": max(abs(r["errors"]["estimate"]) for r in with_est) if with_est else None,
+                "spread": (max(est) - min(est)) / statistics.median(est) if len(est) > 1 else None,
+                "intervals_hold_others": [sum(held), len(held)]}
     result = {
         "bench": "calibration", "started_at": now_iso(), "git_commit": git_commit(), "machine": machine(),
         "versions": versions(), "scenario": str(args.scenario), "extra_flags": extra, "runs": runs,
         "true_rps": runs[0].get("true_rps") if runs else None, "max_abs_error": max(errors) if errors else None,
-        "spread": spread, "goals": {"max_abs_error": 0.03, "spread": 0.05},
+        "spread": spread, "estimate": estimate, "goals": {"max_abs_error": 0.03, "spread": 0.05},
         "met": bool(errors) and len(errors) == len(runs) and max(errors) <= 0.03 and spread is not None
         and spread <= 0.05,
         "floor": floor(args.scenario, result_true(runs), args.floor_steps, args.floor_seeds),
@@ -134,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"max |error| {result['max_abs_error']}, spread {spread}; written to {args.out}", file=sys.stderr)
+    print(f"max |error| {result['max_abs_error']}, spread {spread} (estimate: {json.dumps(estimate)}); "
+          f"written to {args.out}", file=sys.stderr)
     return 0
 
 

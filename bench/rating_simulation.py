@@ -110,7 +110,7 @@ def describe(runs: list[dict], truth: float) -> dict:
     return out
 
 
-def floor(win: Windows, truth: float, windows: list[int], draws: int = 400) -> dict:
+def floor(win: Windows, truth: float, windows: list[int], draws: int = 1500) -> dict:
     shares = np.asarray([np.mean(win.ttfts(9_000_000 + s, truth)[0] > win.threshold) for s in range(draws)])
     big = [win.ttfts(8_000_000 + s, truth * f)[0] for f in (0.97, 1.03) for s in range(draws // 4)]
     lo = np.mean([np.mean(v > win.threshold) for v in big[:draws // 4]])
@@ -166,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     scn = load_scenario(args.scenario)
     plan = CapacityPlan.from_scenario(scn)
     q = QueueParams()
-    truth = QueueTruth(scn, q, requests=50_000, seeds=4).capacity()
+    qt = QueueTruth(scn, q, requests=50_000, seeds=4)
+    truth = qt.capacity()
+    steady = np.concatenate([latencies(d.arrive / truth, d.n_in, d.n_out, q)["ttft_ms"][qt.skip:] for d in qt.draws])
     win = Windows(scn, q, plan.step.step_duration_s, plan.step.warmup_s)
     designs = {}
     for arrivals in ("fresh", "common"):
@@ -186,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
               "versions": versions(), "scenario": str(args.scenario), "queue": q.as_dict(), "true_rps": truth,
               "step_duration_s": plan.step.step_duration_s, "warmup_s": plan.step.warmup_s, "runs": args.runs,
               "designs": designs, "refine": refine, "floor": floor(win, truth, [4, 8, 12, 20, 40, 80, 160]),
+              "steady_state_share_at_truth": float(np.mean(steady > win.threshold)),
               "wall_s": round(time.monotonic() - t0, 1)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

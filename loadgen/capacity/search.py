@@ -20,16 +20,12 @@ how ``loadgen.capacity.run`` drives it against a real target.
   counted measurements (a tie counts as a failure: a rating must hold on most patterns). A confirmation
   that disagrees makes a tie, which one more fresh draw breaks; when the majority turns against the end,
   the bracket reopens (a pass end that now fails, a fail end that now passes) and the search bisects on
-  from there. An end is *confirmed* when at least two of its measurements, with different draws, agree
-  with its verdict. After ``max_reopens`` reopenings no more confirmations are asked: the search
-  converges and says the bracket is unconfirmed.
-- **refine** (``refine_steps``, default 0): once the bracket is confirmed, that many more windows, each
-  with a fresh draw, at the rating's current estimate (``refine_centre(steps)``: ``capacity.run`` passes
-  ``capacity.rating.estimate``, kept within ``REFINE_REACH`` of the bracket; the bracket's centre without
-  one). They are for the rating's fit alone: they move neither the bracket nor the verdict. The estimate
-  rests on the windows near the knee and the search alone puts some ten there; windows at the estimate,
-  which closes on the knee as they come, narrow it (``bench/results/rating-simulation.json``; at the
-  estimate beat half of them 3 % either side of it there): precision bought with time.
+  from there. An end is *confirmed* when two of its measurements, with different draws, agree with its
+  verdict. After ``max_reopens`` reopenings no more are asked: the bracket is said to be unconfirmed.
+- **refine** (``refine_steps``, default 0): after the confirmed bracket, that many more windows on fresh
+  draws at ``refine_centre(steps)`` (``capacity.run``: the rating's estimate so far; within ``REFINE_REACH``
+  of the bracket; its centre without one), for the rating's fit alone: they move neither the bracket nor
+  the verdict. Precision bought with time (``bench/results/rating-simulation.json``).
 - **arrival draws** (``SearchConfig.arrivals``): ``fresh`` (the default) gives every step its own draw
   (``draw`` 0, 1, 2, ...), so the steps are independent windows and ``capacity.rating`` can pool them:
   with one draw scaled to every step (``common``), every bisection step repeats that draw's luck (one
@@ -46,9 +42,8 @@ how ``loadgen.capacity.run`` drives it against a real target.
   those, ``search_verdict``, resting on a disturbed step). The step budget (``max_steps``: ramp and
   bisection steps; confirmations and re-measures come on top, bounded by ``max_reopens`` and
   ``retries``) ends the search early with the best bracket so far, and says so. A reopening raises the
-  budget to what has been spent plus the plain bisections the reopened bracket needs to reach the
-  tolerance again (at each of at most ``max_reopens`` reopenings): a ramp that spent the budget must not leave a
-  reopened bracket wide (a run rated 53.8 req/s with the next failure at 64, 19 % above, for want of it).
+  budget by the bisections the reopened bracket needs to reach the tolerance again: a ramp that spent it
+  must not leave that bracket wide (a run rated 53.8 req/s with the next failure at 64 for want of it).
 """
 
 from __future__ import annotations
@@ -246,12 +241,9 @@ class CapacitySearch:
         if done >= self.cfg.refine_steps:
             return None
         centre = self.refine_centre(self.steps) if self.refine_centre else None
-        if centre is None or not math.isfinite(centre):
-            centre = math.sqrt(lo * hi)
-        centre = min(max(centre, lo / REFINE_REACH), hi * REFINE_REACH)
-        load = self._round(centre)
+        centre = centre if centre is not None and math.isfinite(centre) else math.sqrt(lo * hi)
         self._draws += 1
-        return _Proposal(max(load, 1.0) if self.cfg.integer else load, "refine", self._draws)
+        return _Proposal(self._round(min(max(centre, lo / REFINE_REACH), hi * REFINE_REACH)), "refine", self._draws)
 
     def _propose(self) -> _Proposal | None:
         c = self.cfg
