@@ -2,15 +2,15 @@
 confidence interval, and the wall time of each run.
 
     python bench/capacity_seeds_bench.py [--scenario scenarios/chat.yaml] [--seeds 1 2 3]
-                                         [--out bench/results/capacity-seeds.json]
+                                         [--out bench/results/capacity-seeds.json] [--set KEY=VALUE ...]
 
-Each seed is one ``slobench capacity SCENARIO --seed S`` subprocess (its own embedded engine, default
-settings). Written: per seed the verdict, ``rated_capacity`` (offered ``rate_rps``, ``requested_rps``, the
-interval ``ci_low`` / ``ci_high``, ``boundary``, ``binding``), steps, the run's own duration and the wall time
-of the command (engine start-up included); overall the spread of the ratings ((max - min) / median) and
-whether each rating lies inside every other run's interval, and how many of the other runs' ratings (and
-estimates) each run's interval holds; the spread of the estimates beside the ratings'. Goals from the
-issue: spread <= 5%, each within its neighbours' intervals, wall time <= 4 minutes.
+Each seed is one ``slobench capacity SCENARIO --seed S`` subprocess (its own embedded engine, default settings
+unless ``--set`` overrides some). Written: per seed the verdict, ``rated_capacity`` (offered ``rate_rps``,
+``requested_rps``, the interval ``ci_low`` / ``ci_high``, ``boundary``, ``binding``), steps, the run's own
+duration and the wall time of the command (engine start-up included); overall the spread of the ratings ((max -
+min) / median) and whether each rating lies inside every other run's interval, and how many of the other
+runs' ratings (and estimates) each run's interval holds; the spread of the estimates beside the ratings'.
+Goals from the issue: spread <= 5%, each within its neighbours' intervals, wall time <= 4 minutes.
 
 ``--summarize FILE`` recomputes those overall figures of a results file from the runs it holds (nothing is
 measured again) and writes them back.
@@ -33,11 +33,12 @@ sys.path.insert(0, str(REPO))
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 
 
-def run_seed(scenario: Path, seed: int, work: Path, index: int) -> dict:
+def run_seed(scenario: Path, seed: int, work: Path, index: int, sets: list[str]) -> dict:
     out = work / f"run-{index}-seed-{seed}"
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "loadgen.cli", "capacity", str(scenario), "--seed", str(seed),
-                        "--out", str(out), "--no-progress", "--no-report"], cwd=REPO, capture_output=True, text=True)
+                        "--out", str(out), "--no-progress", "--no-report", *(a for kv in sets for a in ("--set", kv))],
+                       cwd=REPO, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if not (out / "summary.json").exists():
         return {"seed": seed, "returncode": r.returncode, "wall_s": round(wall, 1), "error_text": r.stderr[-2000:]}
@@ -57,6 +58,9 @@ def main() -> int:
                     help="one run per entry; a seed given twice is run twice (machine noise beside the draw's)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "capacity-seeds.json")
     ap.add_argument("--keep", type=Path, help="keep the run folders here (default: a temporary folder)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a scenario override for every run, as `slobench capacity --set` (e.g. "
+                         "search.refine_steps=10); the goals are for the defaults")
     ap.add_argument("--summarize", type=Path, metavar="FILE",
                     help="recompute the overall figures of this results file from its runs, measure nothing")
     args = ap.parse_args()
@@ -67,12 +71,13 @@ def main() -> int:
     runs = []
     for index, seed in enumerate(args.seeds):
         print(f"seed {seed}: slobench capacity {args.scenario} ...", flush=True)
-        runs.append(run_seed(args.scenario, seed, work, index))
+        runs.append(run_seed(args.scenario, seed, work, index, args.set))
         print("  " + json.dumps(runs[-1]), flush=True)
     result = {
         "bench": "capacity_seeds_bench", "when": now_iso(), "git_commit": git_commit(), "machine": machine(),
         "versions": versions(), "scenario": str(args.scenario.relative_to(REPO) if args.scenario.is_absolute()
                                                  and REPO in args.scenario.parents else args.scenario),
+        "set": args.set,
         "runs": runs, **figures(runs),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
