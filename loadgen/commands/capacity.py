@@ -113,8 +113,7 @@ def print_verdict(s: dict[str, Any]) -> None:
             b = r.get("binding") or {}
             con.print(f"{100 * r['confidence']:g}% interval: {r['ci_low']:.3g}–{r['ci_high']:.3g} {of} "
                       f"(estimate {r['estimate']:.3g}{interval_basis(s)}); {r.get('boundary') or '-'} boundary; "
-                      f"binding SLO: "
-                      f"{b.get('tier')} {b.get('metric')}"
+                      f"binding SLO: {b.get('tier')} {b.get('metric')}"
                       + ("" if r.get("confirmed") is None else
                          ("; both ends confirmed on fresh arrivals" if r["confirmed"] else "; UNCONFIRMED")))
         if r.get("concurrency") is not None:

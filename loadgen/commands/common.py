@@ -67,7 +67,6 @@ def target_options(args: argparse.Namespace, scenario=None):
                          endpoint=pick(getattr(args, "endpoint", None), getattr(scenario, "endpoint", None)))
 
 
-
 def interval_basis(summary: dict[str, Any]) -> str:
     """What a capacity summary's interval rests on: " from 23 windows, 8 of them refine" (or "")."""
     r = summary.get("rated_capacity") or {}

@@ -28,7 +28,7 @@ class SearchConfig:
     max_load: float | None = None  # default: start * growth**(max_steps - 1)
     interpolate: bool = True  # false position on the SLO margins; False: plain bisection
     arrivals: str = "fresh"  # fresh: every step its own arrival draw | common: one draw scaled to every step
-    refine_steps: int = 0  # windows around the confirmed bracket for the rating's fit only (phase refine)
+    refine_steps: int = 0  # windows at the rating's estimate after the bracket, for its fit only (phase refine)
 
     def __post_init__(self) -> None:
         if self.axis not in AXES:
