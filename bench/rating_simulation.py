@@ -111,7 +111,8 @@ def describe(runs: list[dict], truth: float) -> dict:
 
 
 def floor(win: Windows, truth: float, windows: list[int], draws: int = 1500) -> dict:
-    shares = np.asarray([np.mean(win.ttfts(9_000_000 + s, truth)[0] > win.threshold) for s in range(draws)])
+    at = [win.ttfts(9_000_000 + s, truth)[0] > win.threshold for s in range(draws)]  # windows at the truth
+    shares = np.asarray([v.mean() for v in at])
     big = [win.ttfts(8_000_000 + s, truth * f)[0] for f in (0.97, 1.03) for s in range(draws // 4)]
     lo = np.mean([np.mean(v > win.threshold) for v in big[:draws // 4]])
     hi = np.mean([np.mean(v > win.threshold) for v in big[draws // 4:]])
@@ -121,7 +122,6 @@ def floor(win: Windows, truth: float, windows: list[int], draws: int = 1500) -> 
         ok = [quantile(win.ttfts(7_000_000 + s, truth * f)[0], win.quantile) <= win.threshold
               for s in range(draws // 2)]
         passes.append({"load_over_truth": f, "windows_passing": float(np.mean(ok))})
-    at = [win.ttfts(9_000_000 + s, truth)[0] > win.threshold for s in range(draws)]
     runs = np.asarray([clusters(v, StepOptions().decluster_run) for v in at])  # runs of exceedances
     return {"window_passes": passes, "window_share_mean": float(shares.mean()), "window_share_sd": float(shares.std()),
             "window_share_se": float(shares.std() / math.sqrt(draws)),
