@@ -105,7 +105,7 @@ def test_rate_interval_from_the_summary(plan):
     steps = curve_steps(LOADS, 3)
     s = {"search_verdict": "rated", "steps": steps}
     iv = rate_interval(plan, s)
-    assert iv["ci_low"] < 10 < iv["ci_high"] and "of the windows" in iv["method"]
+    assert iv["ci_low"] < 10 < iv["ci_high"] and "dispersion from the windows" in iv["method"]
     assert rate_interval(plan, {"search_verdict": "never_met", "steps": steps}) is None
 
 

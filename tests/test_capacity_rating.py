@@ -88,19 +88,48 @@ def curve_steps(loads, k, *, cap=10.0, n=2000, tiers=(("premium", 300.0),), seed
 LOADS = [4.0, 8.0, 9.0, 9.6, 10.4, 11.0, 12.0, 16.0]
 
 
-def test_the_estimate_and_interval_hold_the_crossing_and_are_seeded():
+def test_the_estimate_and_interval_hold_the_crossing():
     steps = curve_steps(LOADS, 3)
     r = rate(steps, "rate", n_boot=400, seed=1)
-    assert r["of"] == "rate_rps" and r["open"] is None and "bootstrap (400) of the windows" in r["method"]
-    assert r["fit"] == "logistic" and r["fit_windows"] >= 4 and r["t_scale"] > 1.0
+    assert r["of"] == "rate_rps" and r["open"] is None and "profile quasi-likelihood" in r["method"]
+    assert r["interval_method"] == "profile" and r["dispersion"] >= 1.0 and r["t_scale"] is None
+    assert r["fit"] == "logistic" and r["fit_windows"] >= 4
     assert r["ci_low"] < r["estimate"] < r["ci_high"]
     assert r["ci_low"] < 10.0 < r["ci_high"]  # the truth
     assert r["estimate"] == pytest.approx(10.0, rel=0.05)
     assert (r["ci_high"] - r["ci_low"]) / r["estimate"] < 0.4
-    assert rate(steps, "rate", n_boot=400, seed=1) == r  # reproducible
-    assert rate(steps, "rate", n_boot=400, seed=2)["ci_low"] != r["ci_low"]
+    assert rate(steps, "rate", n_boot=400, seed=2) == r | {"seed": 2}  # no resampling: the seed changes nothing
     # the x axis is the offered rate, not the requested load (1.05 x here)
     assert all(c["load"] < 11 for c in r["crossings"])
+
+
+def test_the_profile_interval_widens_with_the_windows_dispersion():
+    """Binomial windows (no runs of exceedances) give a dispersion near 1; the same windows with their
+    counts scattered as runs scatter them (each window's count times 0 or 2, the same mean) give a larger
+    one and a wider interval around the same crossing."""
+    loads = np.repeat([9.0, 9.5, 10.0, 10.5, 11.0], 6)
+    rng = np.random.default_rng(7)
+    share = 0.01 * (loads / 10.0) ** 12
+    n = np.full(loads.size, 4000.0)
+    over = rng.binomial(n.astype(int), share).astype(float)
+    lo, hi, phi = rating.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
+    assert lo < 10.0 < hi and 1.0 <= phi < 2.0
+    runs = over * rng.choice([0.0, 2.0], loads.size)
+    est, _o, _k = rating.slo_crossing(loads, runs, n, 0.01)
+    lo2, hi2, phi2 = rating.profile_interval(loads, runs, n, 0.01, est, 0.95)
+    assert phi2 > 3.0 and hi2 - lo2 > 1.5 * (hi - lo)
+    assert rating.profile_interval(loads[:2], over[:2], n[:2], 0.01, 10.0, 0.95) is None  # too few windows
+    assert rating.profile_interval(loads, np.zeros(loads.size), n, 0.01, 10.0, 0.95) is None  # nothing over
+
+
+def test_without_a_logistic_fit_the_interval_is_a_seeded_bootstrap_of_the_windows():
+    """Where no logistic fit stands (here: exceedances at one load only) the interval falls back to the
+    bootstrap of the windows, seeded: the same run gives the same interval."""
+    steps = curve_steps([6.0, 8.0, 16.0, 16.0], 3)
+    r = rate(steps, n_boot=200, seed=1)
+    assert r["fit"] == "isotonic" and r["interval_method"] == "bootstrap" and "bootstrap (200)" in r["method"]
+    assert r["dispersion"] is None and r["t_scale"] >= 1.0
+    assert rate(steps, n_boot=200, seed=1) == r
 
 
 def test_a_window_that_met_a_burst_widens_the_interval():
