@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from loadgen.capacity import rating  # noqa: E402
 from loadgen.capacity.plan import CapacityPlan  # noqa: E402
 from loadgen.capacity.search import CapacitySearch, StepResult  # noqa: E402
-from loadgen.capacity.truth import QueueParams, QueueTruth, draw, latencies  # noqa: E402
+from loadgen.capacity.truth import QueueParams, QueueTruth, SimulatedSteps, latencies  # noqa: E402
 from loadgen.results.latency import quantile  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 from loadgen.results.sequential import clusters  # noqa: E402
@@ -47,33 +47,7 @@ from loadgen.scenario.options import StepOptions  # noqa: E402
 from loadgen.scenario.parse import load_scenario  # noqa: E402
 
 
-class Windows:
-    """One step's judged TTFTs: the queue fed a draw from empty for the step's length."""
-
-    def __init__(self, scn, q: QueueParams, duration_s: float, warmup_s: float):
-        self.scn, self.q, self.duration_s, self.warmup_s = scn, q, duration_s, warmup_s
-        slo = next(s for ss in scn.slos().values() for s in ss)
-        self.threshold, self.quantile = slo.threshold_ms, slo.quantile
-        self.tier = next(t for t, ss in scn.slos().items() if ss)
-
-    def ttfts(self, seed: int, rate: float) -> tuple[np.ndarray, float]:
-        d = draw(self.scn, seed, duration_s=self.duration_s * rate + 50)
-        a = d.arrive / rate
-        n = int(np.searchsorted(a, self.duration_s))
-        v = latencies(a[:n], d.n_in[:n], d.n_out[:n], self.q)["ttft_ms"]
-        judged = a[:n] >= self.warmup_s
-        return v[judged], judged.sum() / (self.duration_s - self.warmup_s)
-
-    def step(self, index: int, load: float, seed: int) -> tuple[dict, StepResult]:
-        v, planned = self.ttfts(seed, load)
-        q = quantile(v, self.quantile)
-        entry = {"index": index, "load": load, "planned_rps": float(planned), "tiers": {self.tier: {
-            "quantile": self.quantile, "judged": {"ttft_ms": {"n": int(v.size), "over": int((v > self.threshold).sum()),
-                                                              "value_ms_q": q, "threshold_ms": self.threshold}}}}}
-        return entry, StepResult(passed=q <= self.threshold, margin=q / self.threshold)
-
-
-def one_run(scn, win: Windows, arrivals: str, seed: int, refine_steps: int = 0) -> dict:
+def one_run(scn, win: SimulatedSteps, arrivals: str, seed: int, refine_steps: int = 0) -> dict:
     steps: list[dict] = []
     search = CapacitySearch(dataclasses.replace(scn.search, arrivals=arrivals, refine_steps=refine_steps),
                             refine_centre=lambda _steps: rating.estimate(steps))  # as capacity.run does
@@ -110,7 +84,7 @@ def describe(runs: list[dict], truth: float) -> dict:
     return out
 
 
-def floor(win: Windows, truth: float, windows: list[int], draws: int = 1500) -> dict:
+def floor(win: SimulatedSteps, truth: float, windows: list[int], draws: int = 1500) -> dict:
     at = [win.ttfts(9_000_000 + s, truth)[0] > win.threshold for s in range(draws)]  # windows at the truth
     shares = np.asarray([v.mean() for v in at])
     big = [win.ttfts(8_000_000 + s, truth * f)[0] for f in (0.97, 1.03) for s in range(draws // 4)]
@@ -132,7 +106,7 @@ def floor(win: Windows, truth: float, windows: list[int], draws: int = 1500) -> 
             "by_windows": [{"windows": k, "load_sd": float(shares.std() / math.sqrt(k) / slope)} for k in windows]}
 
 
-def pooled_log_bias(win: Windows, truth: float, k: int = 20, repeats: int = 150) -> dict:
+def pooled_log_bias(win: SimulatedSteps, truth: float, k: int = 20, repeats: int = 150) -> dict:
     """Where the estimate's upward bias comes from: k windows at 0.97 and k at 1.03 x the truth, pooled per
     load, ``repeats`` times. A window's share is unbiased, but the log of a pooled share is not, and less so
     at the higher load (more runs of exceedances, less skewed): the fitted slope comes out steeper than the
@@ -169,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     qt = QueueTruth(scn, q, requests=50_000, seeds=4)
     truth = qt.capacity()
     steady = np.concatenate([latencies(d.arrive / truth, d.n_in, d.n_out, q)["ttft_ms"][qt.skip:] for d in qt.draws])
-    win = Windows(scn, q, plan.step.step_duration_s, plan.step.warmup_s)
+    win = SimulatedSteps(scn, q, plan.step.step_duration_s, plan.step.warmup_s)
     designs = {}
     for arrivals in ("fresh", "common"):
         runs = []

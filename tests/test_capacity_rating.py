@@ -255,3 +255,14 @@ def test_estimate_alone_is_the_rating_s_estimate_and_none_without_a_crossing():
     assert rating.estimate(steps, "concurrency") == rate(steps, "concurrency", n_boot=20)["estimate"]
     assert rating.estimate(curve_steps([2.0, 4.0, 6.0], 3)) is None  # open above: no crossing to aim at
     assert rating.estimate([{"index": 0, "load": 1, "tiers": {"basic": {"judged": {}}}}]) is None
+
+
+def test_an_slo_without_a_profile_that_crosses_far_above_leaves_the_profile_interval_standing():
+    """Two tiers: premium crosses at 10 with a logistic fit; standard's crossing lies above every load
+    tried (open above, no fit). The rating's interval is premium's profile interval; were the unfitted SLO
+    near the binding one, the bootstrap would stand in."""
+    tiers = (("premium", 300.0), ("standard", 800.0))
+    r = rate(curve_steps(LOADS, 3, tiers=tiers, shift={"standard": 3.0}), n_boot=50)
+    assert r["binding"] == {"tier": "premium", "metric": "ttft_ms"}
+    assert r["interval_method"] == "profile" and r["ci_low"] < 10.0 < r["ci_high"]
+    assert {c["tier"]: c["open"] for c in r["crossings"]} == {"premium": None, "standard": "above"}

@@ -15,6 +15,10 @@ that frees first), so the SLO quantiles are computed, not estimated from a run:
 - **the true capacity** is the highest rate at which every tier's SLO quantiles (``Scenario.slos()``:
   TTFT, TTFOT = TTFT here, E2EL, TPOT = ITL) are within their thresholds, by bisection on the rate.
 
+``SimulatedSteps`` gives the capacity search steps computed from the queue instead of measured (a step's
+window from its own arrival draw, in a summary step's form), so the search and its rating can be run on
+the calibration queue by the hundred, free of machine noise (``bench/rating_simulation.py``, the tests).
+
 ``ideal_step_ratings`` adds what a *perfect* search would rate with the scenario's step protocol (each
 step from an empty queue, ``step_duration_s`` long, its first ``warmup_s`` discarded, one arrival draw
 per seed): the noise and bias no search over such steps can avoid, to read a calibration error against.
@@ -28,6 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from loadgen.capacity.search import StepResult
 from loadgen.results.latency import quantile
 from loadgen.scenario.model import Scenario
 from loadgen.workload.arrivals import Arrivals
@@ -238,3 +243,35 @@ def ideal_step_ratings(scn: Scenario, q: QueueParams, truth_rps: float, duration
             lo, hi = (mid, hi) if holds(mid) else (lo, mid)
         out.append(lo)
     return np.asarray(out)
+
+
+class SimulatedSteps:
+    """Capacity-search steps computed, not measured: the mock's queue fed one arrival draw from empty for
+    ``duration_s``, the requests scheduled in the first ``warmup_s`` not judged, judged on the scenario's
+    first SLO. What it leaves out of a real step: early stopping, the adaptive warm-up, the client."""
+
+    def __init__(self, scn: Scenario, q: QueueParams, duration_s: float, warmup_s: float):
+        check_scenario(scn)
+        self.scn, self.q, self.duration_s, self.warmup_s = scn, q, duration_s, warmup_s
+        slo = next(s for ss in scn.slos().values() for s in ss)
+        self.threshold, self.quantile = slo.threshold_ms, slo.quantile
+        self.tier = next(t for t, ss in scn.slos().items() if ss)
+
+    def ttfts(self, seed: int, rate: float) -> tuple[np.ndarray, float]:
+        """The judged requests' TTFTs (ms) of draw ``seed`` at ``rate``, and the rate they were planned at."""
+        d = draw(self.scn, seed, duration_s=self.duration_s * rate + 50)
+        a = d.arrive / rate
+        n = int(np.searchsorted(a, self.duration_s))
+        v = latencies(a[:n], d.n_in[:n], d.n_out[:n], self.q)["ttft_ms"]
+        judged = a[:n] >= self.warmup_s
+        return v[judged], judged.sum() / (self.duration_s - self.warmup_s)
+
+    def step(self, index: int, load: float, seed: int) -> tuple[dict, StepResult]:
+        """A summary step's entry (what ``capacity.rating`` reads) and the search's result for it."""
+        v, planned = self.ttfts(seed, load)
+        q = quantile(v, self.quantile)
+        judged = {"n": int(v.size), "over": int((v > self.threshold).sum()), "value_ms_q": q,
+                  "threshold_ms": self.threshold}
+        entry = {"index": index, "load": load, "planned_rps": float(planned),
+                 "tiers": {self.tier: {"quantile": self.quantile, "judged": {"ttft_ms": judged}}}}
+        return entry, StepResult(passed=q <= self.threshold, margin=q / self.threshold)
