@@ -1,7 +1,7 @@
-"""The rated capacity's estimate and interval (``loadgen.capacity.rating``): the share of requests over the
-threshold against load, its isotonic and logistic fits and their crossing, the bootstrap over windows,
-cliff against gradual, and the binding SLO. Steps are built from a known latency curve, so the true
-crossing is known exactly."""
+"""The rated capacity's estimate and interval (``loadgen.capacity.rating``, its fits in
+``capacity.crossing``): the share of requests over the threshold against load, its isotonic and logistic
+fits and their crossing, the profile interval and the bootstrap over windows, cliff against gradual, and
+the binding SLO. Steps are built from a known latency curve, so the true crossing is known exactly."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.capacity import rating
-from loadgen.capacity.rating import CLIFF_RATIO, MAX_T_SCALE, isotonic, level_crossing, rate, t_scale
+from loadgen.capacity import crossing, rating
+from loadgen.capacity.crossing import isotonic
+from loadgen.capacity.rating import CLIFF_RATIO, MAX_T_SCALE, level_crossing, rate, t_scale
 from loadgen.capacity.step_stats import window_records
 
 
@@ -35,13 +36,13 @@ def test_exceedance_crossing_pools_windows_and_interpolates():
     over, n = np.array([0.0, 0.0, 20.0, 40.0]), np.array([1000.0, 1000.0, 1000.0, 1000.0])
     # the two windows at 20 pool to 1 %: the crossing of 1 % is at 20 exactly; of 2 %, a third of the way
     # (linear in the share: 1 % to 4 %) from 20 to 40 in log(load)
-    assert rating.exceedance_crossing(x, over, n, 0.01) == (pytest.approx(20.0), None)
-    assert rating.exceedance_crossing(x, over, n, 0.02)[0] == pytest.approx(20.0 * 2 ** (1 / 3))
+    assert crossing.exceedance_crossing(x, over, n, 0.01) == (pytest.approx(20.0), None)
+    assert crossing.exceedance_crossing(x, over, n, 0.02)[0] == pytest.approx(20.0 * 2 ** (1 / 3))
     # a noisy dip is pooled away: the fit never falls with load
-    dip = rating.exceedance_crossing(np.array([10.0, 20.0, 30.0, 40.0]), np.array([0.0, 30.0, 10.0, 40.0]), n, 0.01)
+    dip = crossing.exceedance_crossing(np.array([10.0, 20.0, 30.0, 40.0]), np.array([0.0, 30.0, 10.0, 40.0]), n, 0.01)
     assert dip[0] == pytest.approx(10.0 * 2 ** (0.5))  # 10 -> the pooled 2 % at 20 and 30
-    assert rating.exceedance_crossing(x, np.zeros(4), n, 0.01) == (40.0, "above")
-    assert rating.exceedance_crossing(x, np.full(4, 500.0), n, 0.01) == (10.0, "below")
+    assert crossing.exceedance_crossing(x, np.zeros(4), n, 0.01) == (40.0, "above")
+    assert crossing.exceedance_crossing(x, np.full(4, 500.0), n, 0.01) == (10.0, "below")
 
 
 def test_logistic_fit_recovers_its_curve():
@@ -49,13 +50,13 @@ def test_logistic_fit_recovers_its_curve():
     a, b = -4.595 - 12.0 * math.log(10.0), 12.0  # 1 % at 10, slope 12 in log load
     p = 1.0 / (1.0 + np.exp(-(a + b * np.log(x))))
     n = np.full(5, 1000.0)
-    fa, fb = rating.logistic_fit(x, n * p, n)
+    fa, fb = crossing.logistic_fit(x, n * p, n)
     assert fa == pytest.approx(a, rel=1e-6) and fb == pytest.approx(b, rel=1e-6)
-    c, k = rating.logistic_crossing(x, n * p, n, 1.0 / (1.0 + math.exp(-(a + b * math.log(10.0)))), start=11.0)
+    c, k = crossing.logistic_crossing(x, n * p, n, 1.0 / (1.0 + math.exp(-(a + b * math.log(10.0)))), start=11.0)
     assert c == pytest.approx(10.0, rel=1e-6) and k == 5
     # nothing over the threshold, or a fit that falls with load, cannot stand
-    assert rating.logistic_crossing(x, np.zeros(5), n, 0.01, start=10.0) is None
-    assert rating.logistic_crossing(x, n * p[::-1], n, 0.01, start=10.0) is None
+    assert crossing.logistic_crossing(x, np.zeros(5), n, 0.01, start=10.0) is None
+    assert crossing.logistic_crossing(x, n * p[::-1], n, 0.01, start=10.0) is None
 
 
 def test_t_scale_widens_few_windows():
@@ -112,14 +113,14 @@ def test_the_profile_interval_widens_with_the_windows_dispersion():
     share = 0.01 * (loads / 10.0) ** 12
     n = np.full(loads.size, 4000.0)
     over = rng.binomial(n.astype(int), share).astype(float)
-    lo, hi, phi = rating.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
+    lo, hi, phi = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
     assert lo < 10.0 < hi and 1.0 <= phi < 2.0
     runs = over * rng.choice([0.0, 2.0], loads.size)
-    est, _o, _k = rating.slo_crossing(loads, runs, n, 0.01)
-    lo2, hi2, phi2 = rating.profile_interval(loads, runs, n, 0.01, est, 0.95)
+    est, _o, _k = crossing.slo_crossing(loads, runs, n, 0.01)
+    lo2, hi2, phi2 = crossing.profile_interval(loads, runs, n, 0.01, est, 0.95)
     assert phi2 > 3.0 and hi2 - lo2 > 1.5 * (hi - lo)
-    assert rating.profile_interval(loads[:2], over[:2], n[:2], 0.01, 10.0, 0.95) is None  # too few windows
-    assert rating.profile_interval(loads, np.zeros(loads.size), n, 0.01, 10.0, 0.95) is None  # nothing over
+    assert crossing.profile_interval(loads[:2], over[:2], n[:2], 0.01, 10.0, 0.95) is None  # too few windows
+    assert crossing.profile_interval(loads, np.zeros(loads.size), n, 0.01, 10.0, 0.95) is None  # nothing over
 
 
 def test_without_a_logistic_fit_the_interval_is_a_seeded_bootstrap_of_the_windows():
@@ -241,7 +242,7 @@ def test_a_wide_gap_below_the_first_exceedances_does_not_drag_the_crossing_down(
         steps.append({"index": i, "load": x, "tiers": {"premium": {"quantile": 0.99, "judged": {"ttft_ms": {
             "value_ms_q": 300.0 * (x / 9.5) ** 4, "threshold_ms": 300.0, "n": 100000, "over": round(100000 * p)}}}}})
     over = np.asarray([s["tiers"]["premium"]["judged"]["ttft_ms"]["over"] for s in steps], dtype=float)
-    iso, _ = rating.exceedance_crossing(np.asarray(loads), over, np.full(len(loads), 100000.0), 0.01)
+    iso, _ = crossing.exceedance_crossing(np.asarray(loads), over, np.full(len(loads), 100000.0), 0.01)
     assert iso < 8.0  # the gap's linear interpolation
     r = rate(steps, n_boot=50)
     assert r["fit"] == "logistic" and r["estimate"] == pytest.approx(9.5, rel=0.01)

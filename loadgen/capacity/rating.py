@@ -17,34 +17,13 @@ own arrival draw (``search.arrivals: fresh``); the steps together say more than 
   which is still biased: it stops as soon as its exceedances are enough, in the middle of the run of
   them, so its count leaves out the rest of that run (were requests independent, the pooled share would
   be unbiased however steps stop; they are not).
-- **The fit.** First a monotone one: the shares pooled per load, fitted non-decreasing (isotonic,
-  pool-adjacent-violators, weighted by ``n``), crossing 1 - q interpolated linearly in the share and in
-  log(load); it says whether the steps cross at all (``open``). Then a dose-response fit: a logistic
-  regression of each request's exceedance on log(load), first over every window, then over the steps
-  within ``NEIGHBOURHOOD`` (x / 1.25) of its crossing, refitted around its own crossing (three times); the
-  estimate is where it is 1 - q. It uses the slope of every window near the knee, not only the two either
-  side of the crossing, and it is not fooled by a gap: between a ramp window with no exceedance far below
-  and the first window just over 1 - q the isotonic crossing interpolates linearly, far too low, where the
-  share rises steeply. A fit stands when it rests on at least two loads, some requests over and some
-  within, rises with load, and crosses within 5 % of the loads it was fitted on; the local one is preferred,
-  then the one over every window, then the isotonic crossing (``fit``: ``logistic`` or ``isotonic``;
-  ``fit_windows``). The rated estimate is the lowest crossing over every SLO; ``binding`` names the SLO it
-  belongs to. When every step passes (or fails) the crossing lies outside the loads tried: the estimate is
-  the highest (lowest) load tried, and ``open`` says ``"above"`` (``"below"``).
-- **The interval: profile quasi-likelihood.** The local logistic fit, written with the crossing c as its
-  parameter (logit P(over) = logit(1 - q) + b (log load - log c)), gives a deviance for every c (the slope
-  refitted); c is inside the interval while the deviance's rise over its minimum, divided by the windows'
-  dispersion phi, stays within F(1, k - 2) at the confidence level, for the k windows of the fit.
-  phi is Pearson's chi-square over k - 2 (at least 1): the requests of one window are correlated (one busy
-  period, one burst of refusals, makes many exceedances at once), so a window's count varies several
-  times as much as a binomial's, and phi says how much. A likelihood does not care how the search chose
-  its loads from the verdicts before them; a bootstrap that resamples windows at fixed loads does, and it
-  understated the spread: on the exactly simulated calibration queue its interval held the truth in 76 %
-  of the runs, this one in 90 % (``bench/results/rating-simulation.json``, 99 seeds). Searched within
-  x / ÷ ``PROFILE_REACH`` of the estimate (an end that reaches it means "at least this uncertain").
-  The interval of the rating is that of the lowest crossing: each end is the lowest over the SLOs (an
-  SLO without a profile, its crossing above every profiled SLO's interval, cannot be the lowest).
-  Where no logistic fit stands (the isotonic crossing), a **bootstrap of the windows** stands in: each
+- **The fit and the interval** (``capacity.crossing``): where each SLO's share crosses 1 - q, by
+  isotonic then logistic fits, and its profile quasi-likelihood interval. The rated estimate is the lowest
+  crossing over every SLO; ``binding`` names the SLO it belongs to. The interval of the rating is that of
+  the lowest crossing: each end is the lowest over the SLOs (an SLO without a profile, its crossing above
+  every profiled SLO's interval, cannot be the lowest).
+  Where no profile stands (no logistic fit, or an SLO without one near the lowest crossing), a
+  **bootstrap of the windows** stands in: each
   replicate resamples the counted steps with replacement, those within ``NEIGHBOURHOOD`` of the estimate
   among themselves and the others among themselves (how many windows the search put near the knee is its
   design, not chance), refits and takes the lowest crossing; its percentiles at the confidence level,
@@ -71,34 +50,13 @@ from typing import Any
 
 import numpy as np
 
+from loadgen.capacity.crossing import NEIGHBOURHOOD, isotonic, profile_interval, slo_crossing, t_quantile
 from loadgen.results import latency
 
 MARGIN_CAP = 10.0  # a margin above this (a quantile on a failed request: inf) counts as this
 CLIFF_RATIO = 1.10  # load(margin 1.2) / load(margin 0.8) at most this: a cliff
-NEIGHBOURHOOD = 1.25  # the logistic fit uses the steps within this factor of the crossing
 MAX_T_SCALE = 3.0  # the small-sample widening t(k - 2) / z at most this
-PROFILE_REACH = 1.25  # the profile interval is searched within x / ÷ this of the estimate
 N_BOOT = 1000
-
-
-def isotonic(y: Sequence[float], w: Sequence[float] | None = None) -> np.ndarray:
-    """The non-decreasing sequence closest to ``y`` in weighted least squares (pool adjacent violators)."""
-    y = np.asarray(y, dtype=float)
-    w = np.ones_like(y) if w is None else np.asarray(w, dtype=float)
-    vals: list[float] = []
-    wts: list[float] = []
-    sizes: list[int] = []
-    for yi, wi in zip(y, w, strict=True):
-        vals.append(float(yi))
-        wts.append(float(wi))
-        sizes.append(1)
-        while len(vals) > 1 and vals[-2] > vals[-1]:
-            wsum = wts[-2] + wts[-1]
-            v = (vals[-2] * wts[-2] + vals[-1] * wts[-1]) / wsum if wsum > 0 else (vals[-2] + vals[-1]) / 2
-            n = sizes[-2] + sizes[-1]
-            del vals[-1], wts[-1], sizes[-1]
-            vals[-1], wts[-1], sizes[-1] = v, wsum, n
-    return np.repeat(vals, sizes)
 
 
 def level_crossing(x: Sequence[float], g: Sequence[float], level: float = 0.0) -> float | None:
@@ -166,85 +124,6 @@ def _num(x: Any) -> float | None:
 def _margin(q_ms: float | None, threshold: float) -> float:
     m = math.inf if q_ms is None else q_ms / threshold
     return float(min(max(m, 1e-6), MARGIN_CAP))
-
-
-def exceedance_crossing(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float) -> tuple[float, str | None]:
-    """Where the isotonic fit of the share over the threshold (pooled per load, weighted by requests) first
-    rises over ``level``: (load, None), or the highest / lowest load and ``"above"`` / ``"below"`` when it
-    does not cross within the loads."""
-    ux, inv = np.unique(x, return_inverse=True)
-    o, m = np.bincount(inv, over, len(ux)), np.bincount(inv, n, len(ux))
-    g = isotonic(o / np.maximum(m, 1e-12), m)
-    if g[-1] <= level:
-        return float(ux[-1]), "above"
-    if g[0] > level:
-        return float(ux[0]), "below"
-    j = int(np.argmax(g > level))
-    t = (level - g[j - 1]) / (g[j] - g[j - 1])
-    return float(math.exp(math.log(ux[j - 1]) + t * (math.log(ux[j]) - math.log(ux[j - 1])))), None
-
-
-def logistic_fit(x: np.ndarray, over: np.ndarray, n: np.ndarray) -> tuple[float, float] | None:
-    """(a, b) of P(over) = 1 / (1 + exp(-(a + b log x))) by maximum likelihood (Newton's method on the
-    binomial counts); None when it does not converge."""
-    lx = np.log(x)
-    a, b = math.log(max(over.sum(), 0.5) / max(n.sum() - over.sum(), 0.5)), 0.0
-    for _ in range(100):
-        p = 1.0 / (1.0 + np.exp(-np.clip(a + b * lx, -30.0, 30.0)))
-        w = n * p * (1.0 - p) + 1e-12
-        r = over - n * p
-        h00, h01, h11 = w.sum(), (w * lx).sum(), (w * lx * lx).sum()
-        det = h00 * h11 - h01 * h01
-        if not det > 0:
-            return None
-        g0, g1 = r.sum(), (r * lx).sum()
-        da, db = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
-        a, b = a + da, b + db
-        if abs(da) < 1e-9 and abs(db) < 1e-9:
-            return a, b
-    return None
-
-
-def logistic_crossing(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float,
-                      start: float) -> tuple[float, int] | None:
-    """(load where the local logistic fit is ``level``, the windows it rests on), refitted around its own
-    crossing; None where it cannot stand (see the module's docstring)."""
-    c, k = start, 0
-    for _ in range(3):
-        near = (x >= c / NEIGHBOURHOOD) & (x <= c * NEIGHBOURHOOD)
-        at = _logistic_level(x[near], over[near], n[near], level)
-        if at is None:
-            return None
-        c, k = at, int(near.sum())
-    return c, k
-
-
-def slo_crossing(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float) -> tuple[float, str | None, int]:
-    """(crossing, open end, windows of the logistic fit: 0 when the isotonic crossing stands). The local fit
-    starts from a logistic fit over every window (a start the isotonic crossing can miss by far: it
-    interpolates linearly between a window with no exceedance far below and the first one over the level)."""
-    c, open_end = exceedance_crossing(x, over, n, level)
-    if open_end is not None:
-        return c, open_end, 0
-    whole = _logistic_level(x, over, n, level)
-    fit = logistic_crossing(x, over, n, level, whole if whole is not None else c)
-    if fit is not None:
-        return fit[0], None, fit[1]
-    if whole is not None:
-        return whole, None, len(x)
-    return c, None, 0
-
-
-def _logistic_level(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float) -> float | None:
-    """Where a logistic fit over every window is ``level``; None where it cannot stand."""
-    if len(np.unique(x)) < 2 or over.sum() == 0 or (n - over).sum() == 0:
-        return None
-    ab = logistic_fit(x, over, n)
-    if ab is None or not ab[1] > 0:
-        return None
-    z = (math.log(level / (1.0 - level)) - ab[0]) / ab[1]
-    lx = np.log(x)
-    return math.exp(z) if lx.min() - 0.05 <= z <= lx.max() + 0.05 else None
 
 
 def estimate(steps: Iterable[Mapping[str, Any]], axis: str = "rate") -> float | None:
@@ -368,60 +247,6 @@ def _bootstrap_interval(arrays: Mapping[tuple[str, str], np.ndarray], level: Map
     return value - scale * (value - lo), value + scale * (hi - value), scale
 
 
-def profile_interval(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float, estimate: float,
-                     confidence: float) -> tuple[float, float, float] | None:
-    """(low, high, dispersion) of one SLO's crossing by profile quasi-likelihood, over the windows within
-    ``NEIGHBOURHOOD`` of its estimate (the local logistic fit's); None with fewer than 3 of them at two
-    loads, or no exceedance among them.
-
-    The model is the local fit's, written with the crossing as a parameter: logit P(over) = logit(level)
-    + b (log load - log c). For each c the slope b is fitted; the deviance rises as c leaves the estimate,
-    and c is inside while that rise, over the windows' dispersion phi (Pearson's chi-square at the
-    estimate over k - 2, at least 1: runs of exceedances make a window's count vary 3-4 times a
-    binomial's), stays within F(1, k - 2) at ``confidence``. Why not only a bootstrap of the windows: the
-    search places each window from the verdicts before it, and a bootstrap that keeps the loads fixed
-    understates the spread (its interval held the calibration queue's truth in 76 % of 99 simulated runs,
-    this one in 90 %: bench/results/rating-simulation.json); a likelihood does not depend on how the
-    loads were chosen. Searched within x / ÷ ``PROFILE_REACH`` of the estimate (the bound is the end where
-    the rise never gets there)."""
-    near = (x >= estimate / NEIGHBOURHOOD) & (x <= estimate * NEIGHBOURHOOD)
-    lx, o, m = np.log(x[near]), over[near], n[near]
-    k = int(near.sum())
-    if k < 3 or len(np.unique(lx)) < 2 or o.sum() == 0:
-        return None
-    lv, c0 = math.log(level / (1.0 - level)), math.log(estimate)
-
-    def deviance(c: float, b: float) -> float:
-        p = np.clip(1.0 / (1.0 + np.exp(-np.clip(lv + b * (lx - c), -30.0, 30.0))), 1e-12, 1.0 - 1e-12)
-        return float(-2.0 * np.sum(o * np.log(p) + (m - o) * np.log1p(-p)))
-
-    def profile(c: float) -> tuple[float, float]:
-        """The deviance at crossing c, minimised over the slope (golden section on log b)."""
-        g = (math.sqrt(5.0) - 1.0) / 2.0
-        a, z = math.log(0.1), math.log(1000.0)
-        for _ in range(50):
-            u, v = z - g * (z - a), a + g * (z - a)
-            a, z = (a, v) if deviance(c, math.exp(u)) < deviance(c, math.exp(v)) else (u, z)
-        b = math.exp((a + z) / 2.0)
-        return deviance(c, b), b
-
-    d0, b0 = profile(c0)
-    p0 = 1.0 / (1.0 + np.exp(-(lv + b0 * (lx - c0))))
-    phi = max(1.0, float(np.sum((o - m * p0) ** 2 / (m * p0 * (1.0 - p0) + 1e-12))) / max(k - 2, 1))
-    crit = _t_quantile(max(k - 2, 1), (1.0 + confidence) / 2.0) ** 2  # F(1, k - 2) = t(k - 2) squared
-    ends = []
-    for side in (-1.0, 1.0):
-        inside, out = c0, c0 + side * math.log(PROFILE_REACH)
-        if (profile(out)[0] - d0) / phi <= crit:
-            ends.append(math.exp(out))
-            continue
-        for _ in range(30):
-            mid = (inside + out) / 2.0
-            inside, out = (mid, out) if (profile(mid)[0] - d0) / phi <= crit else (inside, mid)
-        ends.append(math.exp(inside))
-    return min(ends[0], estimate), max(ends[1], estimate), phi
-
-
 def _window_loads(arrays: Mapping[tuple[str, str], np.ndarray]) -> np.ndarray:
     """Each window's load, by its column."""
     loads: dict[int, float] = {}
@@ -447,24 +272,7 @@ def t_scale(df: int, confidence: float) -> float:
     """t(df) / z at (1 + confidence) / 2, at most ``MAX_T_SCALE`` (df < 1: ``MAX_T_SCALE``)."""
     if df < 1:
         return MAX_T_SCALE
-    return min(MAX_T_SCALE, _t_quantile(df, (1.0 + confidence) / 2.0) / _z(confidence))
-
-
-def _t_quantile(df: int, p: float) -> float:
-    """Student's t quantile (no scipy): bisection on its distribution function, the density integrated by
-    Simpson's rule."""
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-
-    def cdf(t: float, steps: int = 400) -> float:
-        xs = np.linspace(0.0, t, steps + 1)
-        f = c * (1.0 + xs * xs / df) ** (-(df + 1) / 2)
-        return 0.5 + (t / steps / 3.0) * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
-
-    lo, hi = 0.0, 1000.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
+    return min(MAX_T_SCALE, t_quantile(df, (1.0 + confidence) / 2.0) / _z(confidence))
 
 
 def _z(confidence: float) -> float:
