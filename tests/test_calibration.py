@@ -171,10 +171,8 @@ def test_calibration_bench_parses_its_arguments():
     assert r.returncode == 0 and "--seeds" in r.stdout and "calibration.json" in r.stdout
 
 
-def _simulated_run(scn, steps_sim, seed: int, refine_steps: int = 0):
+def _simulated_run(scn, steps_sim, seed: int):
     """The real search and rating on the calibration queue's windows, computed exactly (no mock, no clock)."""
-    import dataclasses
-
     from loadgen.capacity import rating
     from loadgen.capacity.search import CapacitySearch
 
@@ -185,8 +183,7 @@ def _simulated_run(scn, steps_sim, seed: int, refine_steps: int = 0):
         steps.append(entry)
         return res
 
-    cfg = dataclasses.replace(scn.search, refine_steps=refine_steps)
-    CapacitySearch(cfg, refine_centre=lambda _s: rating.estimate(steps)).run(measure, draws=True)
+    CapacitySearch(scn.search, refine_centre=lambda _s: rating.estimate(steps)).run(measure, draws=True)
     return rating.rate(steps, seed=seed)
 
 
