@@ -26,12 +26,15 @@ from loadgen.results.runmeta import git_commit, now_iso  # noqa: E402
 METHODS = ("profile", "bootstrap")
 
 
-def one_run(run_dir: Path) -> dict:
+def one_run(run_dir: Path) -> dict | None:
+    """Both intervals of one run; None for a run with no rating to put an interval on."""
     s = json.loads((run_dir / "summary.json").read_text())
     rc = s.get("rated_capacity") or {}
+    if rc.get("rate_rps") is None or rating.rate(s["steps"], s.get("axis", "rate"), n_boot=1) is None:
+        return None
     truth = (s.get("calibration") or {}).get("true_capacity_rps")
-    seed = (s.get("rated_capacity") or {}).get("interval", {}).get("seed", 0)
-    out = {"run": run_dir.name, "rate_rps": rc.get("rate_rps"), "true_rps": truth}
+    seed = (rc.get("interval") or {}).get("seed") or 0
+    out = {"run": run_dir.name, "rate_rps": rc["rate_rps"], "true_rps": truth}
     for m in METHODS:
         r = rating.rate(s["steps"], s.get("axis", "rate"), seed=seed, interval=m)
         out[m] = {"estimate": r["estimate"], "ci": [r["ci_low"], r["ci_high"]], "stood": r["interval_method"],
@@ -57,7 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: no summary.json in {', '.join(missing)}", file=sys.stderr)
         return 2
-    runs = [one_run(d) for d in args.runs]
+    rated = {d: one_run(d) for d in args.runs}
+    unrated = [str(d) for d, r in rated.items() if r is None]
+    if unrated:
+        print(f"left out (no rated capacity to put an interval on): {', '.join(unrated)}", file=sys.stderr)
+    runs = [r for r in rated.values() if r is not None]
+    if not runs:
+        print("error: none of the runs has a rated capacity", file=sys.stderr)
+        return 2
     result = {"bench": "interval-methods", "when": now_iso(), "git_commit": git_commit(), "runs": runs,
               "others": len(runs) - 1}
     for m in METHODS:
