@@ -12,6 +12,13 @@ min) / median) and whether each rating lies inside every other run's interval, a
 runs' ratings (and estimates) each run's interval holds; the spread of the estimates beside the ratings'.
 Goals from the issue: spread <= 5%, each within its neighbours' intervals, wall time <= 4 minutes.
 
+``--probe`` measures the machine's speed just before and after each run, in a fresh process, and writes it
+beside the run (``probe_before`` / ``probe_after``): the median step time of the embedded engine's ``tiny``
+model decoding 32 sequences (``decode_step_ms``) and the median time of a fixed pure-Python loop
+(``python_loop_ms``, what the HTTP server and the load generator spend their time in). ``probe_spread``
+is their spread over the runs ((max - min) / median of each run's before/after mean), to read beside the
+ratings' spread: a machine whose speed moves by 10 % between runs moves a rating at a throughput cliff too.
+
 ``--summarize FILE`` recomputes those overall figures of a results file from the runs it holds (nothing is
 measured again) and writes them back.
 """
@@ -31,6 +38,30 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
+
+# A fresh process: the engine's decode step at batch 32, and a fixed pure-Python loop, as medians (ms).
+PROBE = """
+import json, statistics, time
+from engine import Engine
+from engine.experiments.drive import config, decode_rate
+engine = Engine(config(model="tiny", max_num_seqs=32, kv_cache_tokens=32768))
+decode = [decode_rate(engine, 32, steps=50)["median_step_ms"] for _ in range(3)]
+def loop():
+    t = time.perf_counter()
+    d = {}
+    for i in range(200_000):
+        d[i % 1000] = d.get(i % 1000, 0) + i
+    return (time.perf_counter() - t) * 1e3
+py = [loop() for _ in range(7)]
+print(json.dumps({"decode_step_ms": statistics.median(decode), "python_loop_ms": statistics.median(py)}))
+"""
+
+
+def probe() -> dict:
+    r = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error_text": r.stderr[-2000:]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def run_seed(scenario: Path, seed: int, work: Path, index: int, sets: list[str]) -> dict:
@@ -61,6 +92,8 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a scenario override for every run, as `slobench capacity --set` (e.g. "
                          "search.refine_steps=10); the goals are for the defaults")
+    ap.add_argument("--probe", action="store_true",
+                    help="measure the machine's speed (engine decode step, a Python loop) before and after each run")
     ap.add_argument("--summarize", type=Path, metavar="FILE",
                     help="recompute the overall figures of this results file from its runs, measure nothing")
     args = ap.parse_args()
@@ -71,7 +104,10 @@ def main() -> int:
     runs = []
     for index, seed in enumerate(args.seeds):
         print(f"seed {seed}: slobench capacity {args.scenario} ...", flush=True)
+        before = probe() if args.probe else None
         runs.append(run_seed(args.scenario, seed, work, index, args.set))
+        if args.probe:
+            runs[-1].update(probe_before=before, probe_after=probe())
         print("  " + json.dumps(runs[-1]), flush=True)
     result = {
         "bench": "capacity_seeds_bench", "when": now_iso(), "git_commit": git_commit(), "machine": machine(),
@@ -81,7 +117,7 @@ def main() -> int:
         "runs": runs, **figures(runs),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("spread", "inside_others_intervals", "max_wall_s")}))
+    print(json.dumps({k: result[k] for k in ("spread", "inside_others_intervals", "max_wall_s", "probe_spread")}))
     return 0
 
 
@@ -110,7 +146,18 @@ def figures(runs: list[dict]) -> dict:
     return {"spread": spread("rate_rps"), "estimate_spread": spread("estimate"), "inside_others_intervals": inside,
             "others_ratings_held": ratings, "others_ratings_held_total": f"{sum(ratings.values())} of {pairs}",
             "others_estimates_held": estimates, "others_estimates_held_total": f"{sum(estimates.values())} of {pairs}",
-            "max_wall_s": max(r["wall_s"] for r in runs)}
+            "max_wall_s": max(r["wall_s"] for r in runs), "probe_spread": probe_spread(runs)}
+
+
+def probe_spread(runs: list[dict]) -> dict | None:
+    """Per probe figure, the spread over the runs of each run's mean of its before and after probes."""
+    out = {}
+    for key in ("decode_step_ms", "python_loop_ms"):
+        v = [statistics.mean([r["probe_before"][key], r["probe_after"][key]]) for r in runs
+             if key in (r.get("probe_before") or {}) and key in (r.get("probe_after") or {})]
+        if len(v) >= 2:
+            out[key] = (max(v) - min(v)) / statistics.median(v)
+    return out or None
 
 
 def summarize(path: Path) -> int:
