@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     qt = QueueTruth(scn, q, requests=50_000, seeds=4)
     truth = qt.capacity()
     steady = np.concatenate([latencies(d.arrive / truth, d.n_in, d.n_out, q)["ttft_ms"][qt.skip:] for d in qt.draws])
-    win = SimulatedSteps(scn, q, plan.step.step_duration_s, plan.step.warmup_s)
+    win = SimulatedSteps(scn, q, plan.step.step_duration_s, plan.step.warmup_s, plan.step.decluster_run)
     designs = {}
     for arrivals in ("fresh", "common"):
         runs = []

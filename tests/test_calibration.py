@@ -197,7 +197,8 @@ def _simulated_target(name: str):
     scn = load_scenario(REPO / "scenarios" / name)
     plan = CapacityPlan.from_scenario(scn)
     truth = QueueTruth(scn, Q_DEFAULT, requests=50_000, seeds=4).capacity()
-    return scn, truth, SimulatedSteps(scn, Q_DEFAULT, plan.step.step_duration_s, plan.step.warmup_s)
+    return scn, truth, SimulatedSteps(scn, Q_DEFAULT, plan.step.step_duration_s, plan.step.warmup_s,
+                                      plan.step.decluster_run)
 
 
 def test_the_rating_s_interval_holds_the_calibration_queue_s_truth():

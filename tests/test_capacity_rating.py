@@ -123,6 +123,22 @@ def test_the_profile_interval_widens_with_the_windows_dispersion():
     assert crossing.profile_interval(loads, np.zeros(loads.size), n, 0.01, 10.0, 0.95) is None  # nothing over
 
 
+def test_the_windows_mean_run_of_exceedances_is_a_floor_under_the_dispersion():
+    """The same binomial windows (Pearson's dispersion near 1), told that their exceedances came in runs of
+    ten: the dispersion is at least 10 and the interval wider; runs of one, or runs not counted (NaN, a
+    summary from before steps counted them), leave it as it was."""
+    loads = np.repeat([9.0, 9.5, 10.0, 10.5, 11.0], 6)
+    rng = np.random.default_rng(7)
+    n = np.full(loads.size, 4000.0)
+    over = rng.binomial(n.astype(int), 0.01 * (loads / 10.0) ** 12).astype(float)
+    plain = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
+    lo, hi, phi = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95, runs=over / 10.0)
+    assert phi == pytest.approx(10.0) and plain[2] < 2.0
+    assert lo < plain[0] and hi > plain[1]
+    assert crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95, runs=over) == plain
+    assert crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95, runs=np.full(loads.size, np.nan)) == plain
+
+
 def test_without_a_logistic_fit_the_interval_is_a_seeded_bootstrap_of_the_windows():
     """Where no logistic fit stands (here: exceedances at one load only) the interval falls back to the
     bootstrap of the windows, seeded: the same run gives the same interval."""

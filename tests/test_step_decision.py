@@ -173,6 +173,21 @@ def test_step_detail_says_what_decided_it(tmp_path):
     assert bad and why.startswith("event-loop p99 lag")
 
 
+def test_step_detail_counts_the_runs_of_exceedances_in_scheduled_order(tmp_path):
+    """Exceedances at most ``decluster_run`` (2) requests apart are one run, in the order the requests were
+    scheduled, whatever order the records come in: three runs here (requests 10-14, 17 and 40-41)."""
+    pl = plan(tmp_path, ", early_pass: false")
+    st = StepWindow(3, 8.0, "bisect", 0.0, 2.5, 20.0)
+    records = recs(100, 2.5, 0.17, 0.05)
+    for i in (10, 11, 13, 14, 17, 40, 41):
+        r = records[i]
+        r.first_token_s = r.scheduled_s + 1.0
+        r.token_s, r.done_s = [r.first_token_s], r.first_token_s + 0.01
+    records = [records[i] for i in np.random.default_rng(3).permutation(len(records))]
+    judged = step_detail(pl, st, records, [], 25.0, 21.0)["tiers"]["standard"]["judged"]["ttft_ms"]
+    assert (judged["over"], judged["runs"], judged["n"]) == (7, 3, 100)
+
+
 def test_search_section_options_are_validated(tmp_path):
     pl = plan(tmp_path, ", max_warmup_s: 8, alpha: 0.01, alpha_spending: obrien_fleming, look_interval_s: 1")
     assert (pl.step.max_warmup_s, pl.step.alpha, pl.step.alpha_spending, pl.step.look_interval_s) == (

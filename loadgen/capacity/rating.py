@@ -139,9 +139,10 @@ def estimate(steps: Iterable[Mapping[str, Any]], axis: str = "rate") -> float | 
 
 def _exceedances(steps: Iterable[Mapping[str, Any]], axis: str
                  ) -> tuple[dict[tuple[str, str], np.ndarray], dict[tuple[str, str], float]]:
-    """Per judged SLO (tier, metric), the counted steps' rows (column, load, over, n, log margin) sorted
-    by load, and the SLO's level (1 - quantile)."""
-    pts: dict[tuple[str, str], list[tuple[int, float, float, float, float]]] = {}  # (col, load, over, n, log m)
+    """Per judged SLO (tier, metric), the counted steps' rows (column, load, over, n, log margin, runs of
+    exceedances: NaN where the summary does not count them) sorted by load, and the SLO's level (1 -
+    quantile)."""
+    pts: dict[tuple[str, str], list[tuple[int, float, float, float, float, float]]] = {}
     level: dict[tuple[str, str], float] = {}
     cols = 0
     for st in steps:
@@ -161,7 +162,9 @@ def _exceedances(steps: Iterable[Mapping[str, Any]], axis: str
                     continue
                 m = _margin(j.get("value_ms_q"), thr)
                 level[(tier, metric)] = 1.0 - float(e.get("quantile") or 0.99)
-                pts.setdefault((tier, metric), []).append((cols, x, over, n, math.log(m)))
+                runs = _num(j.get("runs"))
+                pts.setdefault((tier, metric), []).append((cols, x, over, n, math.log(m),
+                                                           math.nan if runs is None else runs))
                 used = True
         cols += used
     return {k: np.asarray(sorted(v, key=lambda r: r[1]), dtype=float) for k, v in pts.items()}, level
@@ -181,7 +184,7 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: 
     est = {k: slo_crossing(a[:, 1], a[:, 2], a[:, 3], level[k]) for k, a in arrays.items()}
     binding = min(est, key=lambda k: est[k][0])
     value, open_end, k_fit = est[binding]
-    profiles = {k: profile_interval(a[:, 1], a[:, 2], a[:, 3], level[k], est[k][0], confidence)
+    profiles = {k: profile_interval(a[:, 1], a[:, 2], a[:, 3], level[k], est[k][0], confidence, runs=a[:, 5])
                 for k, a in arrays.items() if interval == "profile" and est[k][2] and est[k][1] is None}
     stood = {k: p for k, p in profiles.items() if p is not None}
     top = min((p[1] for p in stood.values()), default=None)

@@ -17,6 +17,7 @@ from loadgen.capacity.plan import CapacityPlan
 from loadgen.results import latency
 from loadgen.results.records import RequestRecord
 from loadgen.results.scraped import breakdown_histogram_means, family
+from loadgen.results.sequential import clusters
 from loadgen.results.server_metrics import VLLM, ServerMetrics, detect
 from loadgen.results.slo import SLO, judge
 from loadgen.results.summary import summarize
@@ -71,7 +72,8 @@ def step_detail(plan: CapacityPlan, st: StepWindow, records: Sequence[RequestRec
     win_s = w1 - st.w0
     names = list(plan.slos) + sorted({r.tier or "none" for r in window} - set(plan.slos))
     tiers = {tier: tier_entry([r for r in window if (r.tier or "none") == tier], plan.slos.get(tier, []),
-                              plan.quantile(tier), plan.step.confidence, seed=st.index) for tier in names}
+                              plan.quantile(tier), plan.step.confidence, seed=st.index,
+                              decluster_run=plan.step.decluster_run) for tier in names}
     judged = [e["passed"] for e in tiers.values() if e["passed"] is not None]
     margins = [math.inf if j["value_ms_q"] is None else j["value_ms_q"] / j["threshold_ms"]
                for e in tiers.values() for j in e["judged"].values() if j["n"]]
@@ -141,9 +143,13 @@ def load_avg() -> float | None:
         return None
 
 
-def tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: float, seed: int) -> dict:
+def tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: float, seed: int,
+               decluster_run: int = 0) -> dict:
     """One tier's window: the TTFT quantile the search looks at (failed requests at ``inf``), each judged
-    SLO with its confidence interval, and the successful requests' p50 / p99 TTFT."""
+    SLO with its confidence interval, its requests over the threshold (``over``) and the runs they come in
+    (``runs``: exceedances at most ``decluster_run`` requests apart in scheduled order are one run; the
+    rating's interval reads the windows' mean run as a floor on their dispersion), and the successful
+    requests' p50 / p99 TTFT."""
     j = judge(latency.slo_values(rs, "ttft_ms"), SLO("ttft_ms", math.inf, q), confidence, seed=seed)
     ok_ttft = [latency.ttft_ms(r) for r in rs if latency.succeeded(r)]
     entry: dict[str, Any] = {
@@ -157,12 +163,14 @@ def tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: f
     if not slos or not rs:
         return entry
     verdicts = []
+    in_order = sorted(rs, key=lambda r: r.scheduled_s)
     for slo in slos:
-        jj = judge(latency.slo_values(rs, slo.metric), slo, confidence, seed=seed)
+        values = latency.slo_values(in_order, slo.metric)
+        jj = judge(values, slo, confidence, seed=seed)
         entry["judged"][slo.metric] = {"value_ms_q": jj.value_ms, "ci_low_ms": jj.ci_low_ms,
                                        "ci_high_ms": jj.ci_high_ms, "threshold_ms": slo.threshold_ms,
                                        "passed": jj.passed, "confident": jj.confident, "over": jj.over,
-                                       "n": jj.n}
+                                       "n": jj.n, "runs": clusters(values > slo.threshold_ms, decluster_run)}
         verdicts.append(jj)
     entry["passed"] = all(v.passed for v in verdicts if v.passed is not None)
     entry["confident"] = all(v.confident for v in verdicts)

@@ -34,6 +34,7 @@ import numpy as np
 
 from loadgen.capacity.search import StepResult
 from loadgen.results.latency import quantile
+from loadgen.results.sequential import clusters
 from loadgen.scenario.model import Scenario
 from loadgen.workload.arrivals import Arrivals
 
@@ -250,9 +251,10 @@ class SimulatedSteps:
     ``duration_s``, the requests scheduled in the first ``warmup_s`` not judged, judged on the scenario's
     first SLO. What it leaves out of a real step: early stopping, the adaptive warm-up, the client."""
 
-    def __init__(self, scn: Scenario, q: QueueParams, duration_s: float, warmup_s: float):
+    def __init__(self, scn: Scenario, q: QueueParams, duration_s: float, warmup_s: float, decluster_run: int = 2):
         check_scenario(scn)
         self.scn, self.q, self.duration_s, self.warmup_s = scn, q, duration_s, warmup_s
+        self.decluster_run = decluster_run  # as the scenario's step option: runs of exceedances, as a step counts
         slo = next(s for ss in scn.slos().values() for s in ss)
         self.threshold, self.quantile = slo.threshold_ms, slo.quantile
         self.tier = next(t for t, ss in scn.slos().items() if ss)
@@ -271,7 +273,7 @@ class SimulatedSteps:
         v, planned = self.ttfts(seed, load)
         q = quantile(v, self.quantile)
         judged = {"n": int(v.size), "over": int((v > self.threshold).sum()), "value_ms_q": q,
-                  "threshold_ms": self.threshold}
+                  "threshold_ms": self.threshold, "runs": clusters(v > self.threshold, self.decluster_run)}
         entry = {"index": index, "load": load, "planned_rps": float(planned),
                  "tiers": {self.tier: {"quantile": self.quantile, "judged": {"ttft_ms": judged}}}}
         return entry, StepResult(passed=q <= self.threshold, margin=q / self.threshold)
