@@ -37,8 +37,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from loadgen.capacity import rating  # noqa: E402
-from loadgen.capacity.plan import CapacityPlan  # noqa: E402
-from loadgen.capacity.search import CapacitySearch, StepResult  # noqa: E402
 from loadgen.capacity.truth import QueueParams, QueueTruth, SimulatedSteps, latencies  # noqa: E402
 from loadgen.results.latency import quantile  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
@@ -47,20 +45,10 @@ from loadgen.scenario.options import StepOptions  # noqa: E402
 from loadgen.scenario.parse import load_scenario  # noqa: E402
 
 
-def one_run(scn, win: SimulatedSteps, arrivals: str, seed: int, refine_steps: int = 0) -> dict:
-    steps: list[dict] = []
-    search = CapacitySearch(dataclasses.replace(scn.search, arrivals=arrivals, refine_steps=refine_steps),
-                            refine_centre=lambda _steps: rating.estimate(steps))  # as capacity.run does
-
-    def measure(load: float, phase: str, d: int) -> StepResult:
-        entry, res = win.step(len(steps), load, 1_000_003 * (seed + 1) + d)
-        steps.append(entry)
-        return res
-
-    out = search.run(measure, draws=True)
+def one_run(win: SimulatedSteps, arrivals: str, seed: int, refine_steps: int = 0) -> dict:
+    steps, rated = win.search(seed, dataclasses.replace(win.scn.search, arrivals=arrivals, refine_steps=refine_steps))
     r = rating.rate(steps, seed=seed)
-    passed = [s["planned_rps"] for s in steps if s["load"] == out.rated_load]
-    return {"seed": seed, "steps": len(steps), "rate_rps": float(np.mean(passed)) if passed else None,
+    return {"seed": seed, "steps": len(steps), "rate_rps": rated,
             "estimate": r["estimate"], "ci": [r["ci_low"], r["ci_high"]], "fit": r["fit"]}
 
 
@@ -138,29 +126,28 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     scn = load_scenario(args.scenario)
-    plan = CapacityPlan.from_scenario(scn)
     q = QueueParams()
     qt = QueueTruth(scn, q, requests=50_000, seeds=4)
     truth = qt.capacity()
     steady = np.concatenate([latencies(d.arrive / truth, d.n_in, d.n_out, q)["ttft_ms"][qt.skip:] for d in qt.draws])
-    win = SimulatedSteps(scn, q, plan.step.step_duration_s, plan.step.warmup_s, plan.step.decluster_run)
+    win = SimulatedSteps(scn, q)
     designs = {}
     for arrivals in ("fresh", "common"):
         runs = []
         for seed in range(args.runs):
-            runs.append(one_run(scn, win, arrivals, seed))
+            runs.append(one_run(win, arrivals, seed))
             if (seed + 1) % 20 == 0:
                 print(f"  {arrivals}: {seed + 1}/{args.runs} runs", file=sys.stderr, flush=True)
         designs[arrivals] = {"summary": describe(runs, truth), "runs": runs}
         print(f"{arrivals}: {json.dumps(designs[arrivals]['summary'])}", file=sys.stderr, flush=True)
     refine = {}
     for k in args.refine:
-        runs = [one_run(scn, win, "fresh", seed, refine_steps=k) for seed in range(args.runs)]
+        runs = [one_run(win, "fresh", seed, refine_steps=k) for seed in range(args.runs)]
         refine[str(k)] = {"summary": describe(runs, truth), "runs": runs}
         print(f"refine_steps {k}: {json.dumps(refine[str(k)]['summary'])}", file=sys.stderr, flush=True)
     result = {"bench": "rating-simulation", "started_at": now_iso(), "git_commit": git_commit(), "machine": machine(),
               "versions": versions(), "scenario": str(args.scenario), "queue": q.as_dict(), "true_rps": truth,
-              "step_duration_s": plan.step.step_duration_s, "warmup_s": plan.step.warmup_s, "runs": args.runs,
+              "step_duration_s": win.duration_s, "warmup_s": win.warmup_s, "runs": args.runs,
               "designs": designs, "refine": refine, "floor": floor(win, truth, [4, 8, 12, 20, 40, 80, 160]),
               "steady_state_share_at_truth": float(np.mean(steady > win.threshold)),
               "wall_s": round(time.monotonic() - t0, 1)}

@@ -171,34 +171,22 @@ def test_calibration_bench_parses_its_arguments():
     assert r.returncode == 0 and "--seeds" in r.stdout and "calibration.json" in r.stdout
 
 
-def _simulated_run(scn, steps_sim, seed: int) -> tuple[float, dict]:
+def _simulated_run(sim, seed: int) -> tuple[float, dict]:
     """The real search and rating on the calibration queue's windows, computed exactly (no mock, no clock):
     the rated rate (the deciding steps' rate, as the summary's ``rate_rps``) and the rating."""
     from loadgen.capacity import rating
-    from loadgen.capacity.search import CapacitySearch
 
-    steps: list[dict] = []
-
-    def measure(load, phase, d):
-        entry, res = steps_sim.step(len(steps), load, 1_000_003 * (seed + 1) + d)
-        steps.append(entry)
-        return res
-
-    out = CapacitySearch(scn.search, refine_centre=lambda _s: rating.estimate(steps)).run(measure, draws=True)
-    rated = np.mean([s["planned_rps"] for s in steps if s["load"] == out.rated_load])
-    return float(rated), rating.rate(steps, seed=seed)
+    steps, rated = sim.search(seed)
+    return rated, rating.rate(steps, seed=seed)
 
 
 def _simulated_target(name: str):
-    from loadgen.capacity.plan import CapacityPlan
     from loadgen.capacity.truth import QueueTruth, SimulatedSteps
     from loadgen.scenario.parse import load_scenario
 
     scn = load_scenario(REPO / "scenarios" / name)
-    plan = CapacityPlan.from_scenario(scn)
     truth = QueueTruth(scn, Q_DEFAULT, requests=50_000, seeds=4).capacity()
-    return scn, truth, SimulatedSteps(scn, Q_DEFAULT, plan.step.step_duration_s, plan.step.warmup_s,
-                                      plan.step.decluster_run)
+    return truth, SimulatedSteps(scn, Q_DEFAULT)
 
 
 def test_the_rating_s_interval_holds_the_calibration_queue_s_truth():
@@ -206,8 +194,8 @@ def test_the_rating_s_interval_holds_the_calibration_queue_s_truth():
     simulated calibration queue: the 95 % interval holds the true capacity on at least ten (the profile
     interval held it on 92 % of 99 seeds, bench/results/rating-simulation.json; a bootstrap of the windows at
     fixed loads held it on 76 %, and on eight of these twelve)."""
-    scn, truth, sim = _simulated_target("calibrate.yaml")
-    runs = [_simulated_run(scn, sim, seed)[1] for seed in range(12)]
+    truth, sim = _simulated_target("calibrate.yaml")
+    runs = [_simulated_run(sim, seed)[1] for seed in range(12)]
     held = [r["ci_low"] <= truth <= r["ci_high"] for r in runs]
     assert all(r["interval_method"] == "profile" and r["dispersion"] >= 1.0 for r in runs)
     assert sum(held) >= 10, [(round(r["ci_low"], 1), round(r["estimate"], 1), round(r["ci_high"], 1)) for r in runs]
@@ -219,8 +207,8 @@ def test_default_settings_rate_the_sharp_knee_within_3_percent_and_three_seeds_a
     and the three within 5 % of each other. What is left is the search's own bias (the offered rate, the
     windows that start from an idle queue, the bisection), not the statistics of a gradual Poisson knee,
     which needs far more windows (bench/results/rating-simulation.json, ``floor``)."""
-    scn, truth, sim = _simulated_target("calibrate-steady.yaml")
-    runs = [_simulated_run(scn, sim, seed) for seed in range(3)]
+    truth, sim = _simulated_target("calibrate-steady.yaml")
+    runs = [_simulated_run(sim, seed) for seed in range(3)]
     rated = np.array([r[0] for r in runs])
     estimates = np.array([r[1]["estimate"] for r in runs])
     assert np.all(np.abs(rated / truth - 1) <= 0.03), (truth, rated)

@@ -104,15 +104,21 @@ def test_the_estimate_and_interval_hold_the_crossing():
     assert all(c["load"] < 11 for c in r["crossings"])
 
 
+def binomial_windows() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Six windows of 4,000 requests at each of five loads, each request over the threshold on its own with
+    probability 1 % x (load / 10)^12: (loads, over, n), crossing 1 % at 10."""
+    loads = np.repeat([9.0, 9.5, 10.0, 10.5, 11.0], 6)
+    n = np.full(loads.size, 4000.0)
+    over = np.random.default_rng(7).binomial(n.astype(int), 0.01 * (loads / 10.0) ** 12).astype(float)
+    return loads, over, n
+
+
 def test_the_profile_interval_widens_with_the_windows_dispersion():
     """Binomial windows (no runs of exceedances) give a dispersion near 1; the same windows with their
     counts scattered as runs scatter them (each window's count times 0 or 2, the same mean) give a larger
     one and a wider interval around the same crossing."""
-    loads = np.repeat([9.0, 9.5, 10.0, 10.5, 11.0], 6)
-    rng = np.random.default_rng(7)
-    share = 0.01 * (loads / 10.0) ** 12
-    n = np.full(loads.size, 4000.0)
-    over = rng.binomial(n.astype(int), share).astype(float)
+    loads, over, n = binomial_windows()
+    rng = np.random.default_rng(8)
     lo, hi, phi = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
     assert lo < 10.0 < hi and 1.0 <= phi < 2.0
     runs = over * rng.choice([0.0, 2.0], loads.size)
@@ -127,10 +133,7 @@ def test_the_windows_mean_run_of_exceedances_is_a_floor_under_the_dispersion():
     """The same binomial windows (Pearson's dispersion near 1), told that their exceedances came in runs of
     ten: the dispersion is at least 10 and the interval wider; runs of one, or runs not counted (NaN, a
     summary from before steps counted them), leave it as it was."""
-    loads = np.repeat([9.0, 9.5, 10.0, 10.5, 11.0], 6)
-    rng = np.random.default_rng(7)
-    n = np.full(loads.size, 4000.0)
-    over = rng.binomial(n.astype(int), 0.01 * (loads / 10.0) ** 12).astype(float)
+    loads, over, n = binomial_windows()
     plain = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
     lo, hi, phi = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95, runs=over / 10.0)
     assert phi == pytest.approx(10.0) and plain[2] < 2.0

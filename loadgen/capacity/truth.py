@@ -32,10 +32,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from loadgen.capacity.search import StepResult
+from loadgen.capacity import rating
+from loadgen.capacity.plan import CapacityPlan
+from loadgen.capacity.search import CapacitySearch, StepResult
 from loadgen.results.latency import quantile
 from loadgen.results.sequential import clusters
 from loadgen.scenario.model import Scenario
+from loadgen.scenario.options import SearchConfig
 from loadgen.workload.arrivals import Arrivals
 
 METRICS = ("ttft_ms", "ttfot_ms", "e2el_ms", "tpot_ms")  # what the simulation knows for every request
@@ -248,13 +251,15 @@ def ideal_step_ratings(scn: Scenario, q: QueueParams, truth_rps: float, duration
 
 class SimulatedSteps:
     """Capacity-search steps computed, not measured: the mock's queue fed one arrival draw from empty for
-    ``duration_s``, the requests scheduled in the first ``warmup_s`` not judged, judged on the scenario's
-    first SLO. What it leaves out of a real step: early stopping, the adaptive warm-up, the client."""
+    the scenario's ``step_duration_s``, the requests scheduled in its first ``warmup_s`` not judged, judged
+    on the scenario's first SLO, runs of exceedances counted as a step counts them (``decluster_run``).
+    What it leaves out of a real step: early stopping, the adaptive warm-up, the client."""
 
-    def __init__(self, scn: Scenario, q: QueueParams, duration_s: float, warmup_s: float, decluster_run: int = 2):
+    def __init__(self, scn: Scenario, q: QueueParams):
         check_scenario(scn)
-        self.scn, self.q, self.duration_s, self.warmup_s = scn, q, duration_s, warmup_s
-        self.decluster_run = decluster_run  # as the scenario's step option: runs of exceedances, as a step counts
+        step = CapacityPlan.from_scenario(scn).step
+        self.scn, self.q = scn, q
+        self.duration_s, self.warmup_s, self.decluster_run = step.step_duration_s, step.warmup_s, step.decluster_run
         slo = next(s for ss in scn.slos().values() for s in ss)
         self.threshold, self.quantile = slo.threshold_ms, slo.quantile
         self.tier = next(t for t, ss in scn.slos().items() if ss)
@@ -277,3 +282,20 @@ class SimulatedSteps:
         entry = {"index": index, "load": load, "planned_rps": float(planned),
                  "tiers": {self.tier: {"quantile": self.quantile, "judged": {"ttft_ms": judged}}}}
         return entry, StepResult(passed=q <= self.threshold, margin=q / self.threshold)
+
+    def search(self, seed: int, cfg: SearchConfig | None = None) -> tuple[list[dict], float | None]:
+        """The real search (``CapacitySearch`` with ``cfg``, default the scenario's ``search``) on these
+        steps, its refine windows aimed at the rating's estimate as ``capacity.run`` aims them: the steps in
+        a summary's form and the rated rate (the deciding passing steps' planned rate, as ``rate_rps``; None
+        when none passed). Step draw d of ``seed`` is 1,000,003 (seed + 1) + d."""
+        steps: list[dict] = []
+
+        def measure(load: float, phase: str, d: int) -> StepResult:
+            entry, res = self.step(len(steps), load, 1_000_003 * (seed + 1) + d)
+            steps.append(entry)
+            return res
+
+        out = CapacitySearch(cfg or self.scn.search, refine_centre=lambda _s: rating.estimate(steps)).run(
+            measure, draws=True)
+        passed = [s["planned_rps"] for s in steps if s["load"] == out.rated_load]
+        return steps, float(np.mean(passed)) if passed else None
