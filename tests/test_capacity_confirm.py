@@ -126,6 +126,32 @@ def test_confirmations_are_bounded():
     assert out.confirmed is False and out.reopens == 2 and "unconfirmed" in out.text
 
 
+def test_ending_the_search_mid_confirmation_keeps_the_bracket_and_says_why():
+    """``end()`` (the run's time budget) stops the search where it is: the bracket measured so far is the
+    verdict, unconfirmed, and the text says why rather than blaming the reopenings."""
+    s = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.05, max_steps=20))
+    while (nxt := s.next_step()) is not None and nxt[1] != "confirm":
+        s.record(nxt[0], StepResult(nxt[0] <= 9.0))
+    assert nxt is not None and nxt[1] == "confirm"
+    s.end("the time budget ended the search (test)")
+    assert s.next_step() is None
+    out = s.outcome()
+    assert out.verdict == "rated" and out.converged and out.confirmed is False
+    assert out.rated_load <= 9.0 < out.first_fail_load
+    assert out.ended_by == "the time budget ended the search (test)" and out.text.endswith(out.ended_by)
+    assert "unconfirmed" in out.text and "the most allowed" not in out.text
+
+
+def test_ending_the_search_mid_bisection_says_the_tolerance_was_not_reached():
+    s = CapacitySearch(SearchConfig(start=2, growth=2, tolerance=0.01, max_steps=20))
+    while (nxt := s.next_step()) is not None and nxt[1] != "bisect":
+        s.record(nxt[0], StepResult(nxt[0] <= 9.0))
+    s.end("the time budget ended the search (test)")
+    out = s.outcome()
+    assert out.verdict == "rated" and not out.converged
+    assert "the search was ended before the 1% tolerance" in out.text and "step budget" not in out.text
+
+
 def test_without_confirmation_the_search_is_the_old_one():
     out = CapacitySearch(SearchConfig(start=1, growth=2), confirm=False).run(lambda load, phase: StepResult(load <= 5))
     assert "confirm" not in {st.phase for st in out.steps} and out.confirmed is None

@@ -104,6 +104,20 @@ def test_target_too_fast_never_broke_and_records_have_stages(mock_server, tmp_pa
     assert all(x["status"] == "ok" for x in recs)
 
 
+def test_the_time_budget_ends_the_search_with_what_it_measured(mock_server, tmp_path):
+    """A ramp from 5 to 160 req/s needs six 2.5 s steps; an 8 s budget stops it sooner, still a verdict."""
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
+    scn = scenario(tmp_path, "{start: 5, growth: 2, max_load: 160, step_duration_s: 2.5, warmup_s: 0.5,"
+                             " early_pass: false, max_duration_s: 8}")
+    r = slobench("capacity", scn, "--target", url, "--out", tmp_path / "run", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(r.stdout)
+    check_contract(s)
+    assert s["ended_by"].startswith("the time budget ended the search (search.max_duration_s 8 s: ")
+    assert s["verdict"] == "never_broke" and 1 <= len(s["steps"]) < 6 and s["ended_by"] in s["verdict_text"]
+    assert s["search"]["max_duration_s"] == 8
+
+
 def test_ctrl_c_saves_the_finished_steps(mock_server, tmp_path):
     url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
     scn = scenario(tmp_path, "{start: 2, growth: 2, max_load: 64, step_duration_s: 2, warmup_s: 0.5,"

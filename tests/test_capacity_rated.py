@@ -9,7 +9,7 @@ import json
 import pytest
 
 from loadgen.capacity.plan import CapacityPlan
-from loadgen.capacity.run import build_summary, disturbance, offered_rate, rate_interval
+from loadgen.capacity.run import build_summary, disturbance, offered_rate, over_budget, rate_interval
 from loadgen.capacity.search import CapacitySearch, StepResult
 from loadgen.scenario.parse import load_scenario
 from tests.helpers import slobench
@@ -99,6 +99,19 @@ def test_a_verdict_resting_on_a_disturbed_step_is_invalid(plan):
     assert "still disturbed after 2 re-measure(s)" in s["invalid_reason"]
     assert "could not keep the schedule" in s["invalid_reason"] and s["verdict_text"].startswith("INVALID")
     assert s["rated_capacity"] is not None  # the numbers are kept, the verdict says not to trust them
+
+
+def test_over_budget_takes_the_longest_full_step_as_the_next_ones_length(tmp_path):
+    p = tmp_path / "b.yaml"
+    p.write_text("name: b\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
+                 "search: {step_duration_s: 10, max_duration_s: 60}\n")
+    plan = CapacityPlan.from_scenario(load_scenario(p))
+    assert over_budget(plan, 49.0, []) is None  # 49 + 10 (step_duration_s) fits in 60
+    assert over_budget(plan, 49.0, [12.0, 4.0]) == ("the time budget ended the search (search.max_duration_s "
+                                                    "60 s: 49 s in, the next step would take about 12 s)")
+    assert over_budget(plan, 51.0, []) is not None
+    p.write_text(p.read_text().replace(", max_duration_s: 60", ""))
+    assert over_budget(CapacityPlan.from_scenario(load_scenario(p)), 1e6, [1e6]) is None  # no budget: never
 
 
 def test_rate_interval_from_the_summary(plan):

@@ -221,7 +221,7 @@ def test_concurrency_axis_uses_whole_users():
 
 def test_bad_search_config():
     for kw in ({"axis": "tokens"}, {"growth": 1.0}, {"start": 0}, {"tolerance": 0}, {"max_steps": 0},
-               {"start": 5, "max_load": 2}):
+               {"start": 5, "max_load": 2}, {"max_duration_s": 0}):
         with pytest.raises(ValueError):
             SearchConfig(**kw)
 

@@ -11,6 +11,8 @@ against a target; this module runs the whole search and writes the run folder.
 - The rated capacity is the *offered* rate of the deciding passing steps (``rate_rps``; the load asked
   for is ``requested_rps``), with the estimate, interval, boundary and binding SLO of ``capacity.rating``
   over every counted step (computed once, at the end).
+- The run's time budget (``search.max_duration_s``, off by default): no step starts that would end past it
+  (``over_budget``); the search ends with what it measured, ``summary.json["ended_by"]`` says why.
 - ``summary.json`` is rewritten after every step: Ctrl-C or a dying target leaves everything measured.
 """
 
@@ -150,6 +152,7 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
         "duration_s": round(duration_s, 3),
         "verdict": outcome.verdict, "search_verdict": outcome.search_verdict, "verdict_text": text,
         "converged": outcome.converged, "confirmed": outcome.confirmed, "reopens": outcome.reopens,
+        "ended_by": outcome.ended_by,
         "complete": complete, "interrupted": bool(stopped and stopped.startswith("interrupted")),
         "stopped_early": stopped,
         "axis": plan.search.axis,
@@ -196,6 +199,21 @@ async def measure_step(runner: CapacityRunner, load: float, phase: str, index: i
     if not res.disturbed:
         res.disturbed = disturbance(res.detail, runner.plan.lateness_bound_ms)
     return res
+
+
+def over_budget(plan: CapacityPlan, elapsed_s: float, full_step_walls: list[float]) -> str | None:
+    """Why the next step must not start (None: it may): it would end past the run's time budget,
+    ``search.max_duration_s``, counted from the run's start (the engine's start-up included). The next step
+    is taken to last as long as the longest step so far that ran to its cap (its settle, warm-up, window and
+    drain: ``full_step_walls``), at least ``step_duration_s``; steps stopped early are not a guide."""
+    budget = plan.search.max_duration_s
+    if budget is None:
+        return None
+    need = max([plan.step.step_duration_s, *full_step_walls])
+    if elapsed_s + need <= budget:
+        return None
+    return (f"the time budget ended the search (search.max_duration_s {budget:g} s: {elapsed_s:.0f} s in, "
+            f"the next step would take about {need:.0f} s)")
 
 
 def rate_interval(plan: CapacityPlan, summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -277,10 +295,17 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
     loop.add_signal_handler(signal.SIGINT, runner.stop, "interrupted (Ctrl-C)")
     search = CapacitySearch(plan.search, refine_centre=lambda steps: rating.estimate(
         [step_entry(s) for s in steps], plan.search.axis))  # refine windows go to the estimate so far
+    full_walls: list[float] = []  # steps that ran to their cap: what the next one may take (the time budget)
     try:
         while runner.stopped is None and (nxt := search.next_step()) is not None:
+            if why := over_budget(plan, time.monotonic() - wall0, full_walls):
+                search.end(why)
+                break
             load, phase = nxt
+            t_step = time.monotonic()
             res = await measure_step(runner, load, phase, len(search.steps), search.next_draw)
+            if not res.stopped_early:
+                full_walls.append(time.monotonic() - t_step)
             if runner.stopped:  # a step cut by Ctrl-C or a dead target says nothing about the load
                 display.status(f"step {len(search.steps)} cut short: {runner.stopped}")
                 break

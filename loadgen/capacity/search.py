@@ -2,9 +2,8 @@
 
 ``CapacitySearch`` knows nothing about HTTP or time. It proposes loads (``next_step()``, with the
 arrival pattern to use in ``next_draw``) and learns whether each passed (``record()``);
-``run(measure)`` drives it with a ``measure(load, phase) -> StepResult`` callback (``draws=True``:
-``measure(load, phase, draw)``), which is how the tests check it against synthetic latency models and
-how ``loadgen.capacity.run`` drives it against a real target.
+``run(measure)`` drives it with a ``measure(load, phase[, draw]) -> StepResult`` callback: the tests
+check it against synthetic latency models so, and ``loadgen.capacity.run`` drives it against a target.
 
 - **ramp**: start at ``start`` and multiply by ``growth`` while steps pass. If the very first step fails,
   divide by ``growth`` instead until one passes (or ``min_load`` fails too: *never met*).
@@ -26,12 +25,10 @@ how ``loadgen.capacity.run`` drives it against a real target.
   draws at ``refine_centre(steps)`` (``capacity.run``: the rating's estimate so far; within ``REFINE_REACH``
   of the bracket; its centre without one), for the rating's fit alone: they move neither the bracket nor
   the verdict. Precision bought with time (``bench/results/rating-simulation.json``).
-- **arrival draws** (``SearchConfig.arrivals``): ``fresh`` (the default) gives every step its own draw
-  (``draw`` 0, 1, 2, ...), so the steps are independent windows and ``capacity.rating`` can pool them:
-  with one draw scaled to every step (``common``), every bisection step repeats that draw's luck (one
-  that is sparse near the knee rated the calibration queue 21 % high on seed 0), and pooling them
-  averages nothing. ``common`` keeps draw 0 for the ramp and bisection (steps differ by load alone, the
-  verdicts are monotone in load on a deterministic target) until a confirmation reopens the bracket.
+- **arrival draws** (``SearchConfig.arrivals``): ``fresh`` (the default) gives every step its own draw,
+  independent windows ``capacity.rating`` can pool; ``common`` scales draw 0 to every ramp and bisection
+  step until a confirmation reopens the bracket, so every step repeats that draw's luck (a sparse one
+  rated the calibration queue 21 % high on seed 0) and pooling them averages nothing.
 - **disturbed steps**: a step whose result says ``disturbed`` (the load generator fell behind its
   schedule) decides nothing: the same load, phase and draw is measured again, at most ``retries`` times
   (``remeasured_of`` links each attempt to the one before). When the retries run out the last attempt
@@ -39,11 +36,11 @@ how ``loadgen.capacity.run`` drives it against a real target.
   pass or fail end's verdict, every step of never_met) the verdict is ``invalid``.
 - Verdicts: ``rated`` (a pass and a fail bracket the capacity), ``never_met`` (even ``min_load``
   fails), ``never_broke`` (``max_load`` still passes; the rating is a lower bound), ``invalid`` (one of
-  those, ``search_verdict``, resting on a disturbed step). The step budget (``max_steps``: ramp and
-  bisection steps; confirmations and re-measures come on top, bounded by ``max_reopens`` and
-  ``retries``) ends the search early with the best bracket so far, and says so. A reopening raises the
-  budget by the bisections the reopened bracket needs to reach the tolerance again: a ramp that spent it
-  must not leave that bracket wide (a run rated 53.8 req/s with the next failure at 64 for want of it).
+  those, ``search_verdict``, resting on a disturbed step). The step budget (``max_steps`` ramp and
+  bisection steps; confirmations and re-measures come on top) ends the search early with the best
+  bracket so far, and says so; a reopening raises it by the bisections the reopened bracket needs (a ramp
+  that spent it left one wide: rated 53.8 req/s, the next failure at 64). ``end(reason)`` ends the search
+  at once (``capacity.run``: the time budget, ``max_duration_s``), and the outcome says why (``ended_by``).
 """
 
 from __future__ import annotations
@@ -114,6 +111,7 @@ class SearchOutcome:
     reopens: int = 0  # confirmations that disagreed
     deciding: list[int] = field(default_factory=list)  # the steps the verdict rests on
     invalid_reason: str | None = None
+    ended_by: str | None = None  # why the search was ended before it was done (``CapacitySearch.end``)
 
 
 class CapacitySearch:
@@ -126,6 +124,7 @@ class CapacitySearch:
         self.best_pass: float | None = None  # highest passing load
         self.first_fail: float | None = None  # lowest failing load above best_pass (or anywhere without one)
         self.reopens = 0
+        self.ended_by: str | None = None
         self._draws = 0  # fresh arrival patterns handed out
         self._budget = cfg.max_steps  # ramp and bisection steps allowed (a reopening may raise it)
         self._pending: _Proposal | None = _Proposal(cfg.start, "ramp")
@@ -137,19 +136,12 @@ class CapacitySearch:
 
     def next_step(self) -> tuple[float, str] | None:
         """The next (load, phase) to measure, or None when the search is over."""
-        if self._pending is None:
-            return None
-        return self._pending.load, self._pending.phase
+        return None if self._pending is None else (self._pending.load, self._pending.phase)
 
     @property
     def next_draw(self) -> int:
         """The arrival pattern of the next step (a fresh one each, or 0: the common one)."""
         return self._pending.draw if self._pending else 0
-
-    @property
-    def next_remeasure(self) -> int | None:
-        """The disturbed step the next one measures again, if it does."""
-        return self._pending.remeasured_of if self._pending else None
 
     def record(self, load: float, result: StepResult) -> Step:
         p = self._pending if self._pending is not None and self._pending.load == load else _Proposal(load, "ramp")
@@ -178,6 +170,10 @@ class CapacitySearch:
             self._brackets.append(math.log(self.first_fail / self.best_pass))
         self._pending = self._propose()
         return step
+
+    def end(self, reason: str) -> None:
+        """End the search now: no more steps; the outcome rests on what was measured and says why."""
+        self._pending, self.ended_by = None, reason
 
     def run(self, measure: Callable[..., StepResult], draws: bool = False) -> SearchOutcome:
         while (nxt := self.next_step()) is not None:
@@ -372,20 +368,24 @@ class CapacitySearch:
             text = (f"rated capacity {_fmt(lo)} {u}: every SLO held there and broke at {_fmt(hi)} {u} "
                     f"({100 * width:.1f}% above)")
             if not conv:
-                text += f"; the step budget ended the bisection before the {100 * c.tolerance:g}% tolerance"
+                by = "search was ended" if self.ended_by else "step budget ended the bisection"
+                text += f"; the {by} before the {100 * c.tolerance:g}% tolerance"
             if self.confirm:
                 confirmed = self._confirmed(lo) and self._confirmed(hi)
                 if not confirmed:
-                    text += f"; the bracket is unconfirmed ({self.reopens} reopening(s), the most allowed)"
+                    text += "; the bracket is unconfirmed" + (
+                        "" if self.ended_by else f" ({self.reopens} reopening(s), the most allowed)")
                 elif self.reopens:
                     text += f"; confirmed with fresh arrivals after {self.reopens} reopening(s)"
                 else:
                     text += "; both ends confirmed with fresh arrivals"
             verdict, rated, fail = "rated", lo, hi
+        if self.ended_by:
+            text += f"; {self.ended_by}"
         deciding = self._deciding(verdict)
         bad = [self.steps[i] for i in deciding if self.steps[i].disturbed]
         out = SearchOutcome(verdict, rated, fail, conv, list(self.steps), text, verdict, confirmed, self.reopens,
-                            deciding)
+                            deciding, ended_by=self.ended_by)
         if bad:
             out.verdict = "invalid"
             out.invalid_reason = (f"the verdict rests on step(s) {', '.join(str(s.index) for s in bad)}, still "

@@ -29,6 +29,7 @@ class SearchConfig:
     interpolate: bool = True  # false position on the SLO margins; False: plain bisection
     arrivals: str = "fresh"  # fresh: every step its own arrival draw | common: one draw scaled to every step
     refine_steps: int = 0  # windows at the rating's estimate after the bracket, for its fit only (phase refine)
+    max_duration_s: float | None = None  # the run's time budget: no step starts that would end past it (capacity.run)
 
     def __post_init__(self) -> None:
         if self.axis not in AXES:
@@ -39,6 +40,8 @@ class SearchConfig:
             raise ValueError("need start > 0, growth > 1, tolerance > 0 and max_steps >= 1")
         if self.refine_steps < 0:
             raise ValueError("need refine_steps >= 0")
+        if self.max_duration_s is not None and not self.max_duration_s > 0:
+            raise ValueError("need max_duration_s > 0")
         if self.integer:
             self.start = max(1, round(self.start))
         if self.min_load is None:

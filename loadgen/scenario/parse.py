@@ -199,7 +199,8 @@ def _parse_search(node: MappingNode) -> tuple[SearchConfig, StepOptions]:
               min_load=node.get("min_load", (float, type(None)), None, positive=True),
               max_load=node.get("max_load", (float, type(None)), None, positive=True),
               arrivals=node.get("arrivals", str, "fresh", choices=ARRIVAL_DESIGNS),
-              refine_steps=node.get("refine_steps", int, 0, min_value=0))
+              refine_steps=node.get("refine_steps", int, 0, min_value=0),
+              max_duration_s=node.get("max_duration_s", (float, type(None)), None, positive=True))
     node.check_unknown()
     try:
         cfg = SearchConfig(**kw)
