@@ -8,13 +8,16 @@ RUN_DIR: a ``slobench capacity`` run folder (``summary.json`` + ``requests.jsonl
 many the target refused (HTTP 429: each counts as infinitely late in the SLO), how many were still in
 flight when a step stopped at its breach (cut: they count with the time they had waited) or failed
 otherwise, the p99 TTFT of the answered ones, and the most refusals within any ``--burst-s`` (0.5 s); per step
-the breakdown's mean prefill and decode time (how fast the target ran at that load). Nothing is measured
-here: it reads what the runs wrote.
+the breakdown's mean prefill and decode time (how fast the target ran at that load), and, where the
+target exports it (the reference engine's ``slobench:admission_tail_factor``), its SLO admission's tail factor
+per judged tier as scraped at the step's start, its window's start and its window's end: state the target
+carries from one step into the next. Nothing is measured here: it reads what the runs wrote.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 from pathlib import Path
@@ -25,7 +28,9 @@ sys.path.insert(0, str(REPO))
 from loadgen.capacity.rating import step_load  # noqa: E402
 from loadgen.capacity.step_stats import window_records  # noqa: E402
 from loadgen.results import latency  # noqa: E402
-from loadgen.results.rundir import read_run_records  # noqa: E402
+from loadgen.results.rundir import METRICS, read_metrics, read_run_records  # noqa: E402
+
+TAIL_FACTOR = "slobench:admission_tail_factor"
 
 
 def most_within(times: list[float], span_s: float) -> int:
@@ -38,10 +43,32 @@ def most_within(times: list[float], span_s: float) -> int:
     return best
 
 
+def tail_factors(run_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
+    """Per tier, the scrape times and values of the target's admission tail factor (empty: not exported)."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for sample in read_metrics(run_dir / METRICS):
+        for key, value in sample["metrics"].items():
+            if key.startswith(TAIL_FACTOR + "{") and 'tier="' in key:
+                tier = key.split('tier="', 1)[1].split('"', 1)[0]
+                ts, vs = out.setdefault(tier, ([], []))
+                ts.append(sample["t"])
+                vs.append(value)
+    return out
+
+
+def value_at(series: tuple[list[float], list[float]] | None, t: float | None) -> float | None:
+    """The last scraped value at or before ``t``."""
+    if series is None or t is None:
+        return None
+    i = bisect.bisect_right(series[0], t) - 1
+    return series[1][i] if i >= 0 else None
+
+
 def step_rows(run_dir: Path, burst_s: float) -> list[dict]:
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = summary.get("steps") or []
     windows = window_records(steps, read_run_records(run_dir))
+    tails = tail_factors(run_dir)
     rows = []
     for st in steps:
         tiers = {}
@@ -58,6 +85,10 @@ def step_rows(run_dir: Path, burst_s: float) -> list[dict]:
                                                                                            "cancelled")),
                            "answered_p99_ttft_ms": latency.percentile(answered, 99) if answered else None,
                            f"most_refused_within_{burst_s:g}_s": most_within(refused, burst_s)}
+            w = st.get("window_s") or [None, None]
+            if tier in tails:
+                tiers[tier]["tail_factor"] = {name: value_at(tails[tier], t) for name, t in
+                                              (("start", st.get("start_s")), ("window", w[0]), ("end", w[1]))}
         rows.append({"index": st["index"], "phase": st.get("phase"), "draw": st.get("draw"),
                      "asked_rps": st.get("load"), "offered_rps": st.get("offered_rps"),
                      "placed_rps": step_load(st, summary.get("axis") or "rate"),
@@ -85,9 +116,11 @@ def main() -> int:
         print(run)
         for row in rows:
             fails = {t: f"{e['refused']}/{e['requests']}" for t, e in row["tiers"].items()}
+            tails = {t: "{start:.2f}>{end:.2f}".format(**e["tail_factor"]) for t, e in row["tiers"].items()
+                     if e.get("tail_factor") and None not in e["tail_factor"].values()}
             print(f"  {row['index']:>2} {row['phase']:<8} asked {row['asked_rps']:6.1f} "
                   f"offered {row['offered_rps'] or 0:6.1f} {'pass' if row['passed'] else 'FAIL'} "
-                  f"{row['early'] or '':<6} refused {fails}")
+                  f"{row['early'] or '':<6} refused {fails}" + (f" tail factor {tails}" if tails else ""))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

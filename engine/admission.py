@@ -28,7 +28,12 @@ is scaled by a tail factor k learned from what the accepted requests got: every 
 engine (arrival -> its first text) that passes the target, and every request shed, raises k by
 exp(TAIL_STEP * 0.99); every one within it lowers k by exp(TAIL_STEP * 0.01). That is a stochastic
 approximation of a quantile (Robbins-Monro): k settles where 1 % of the accepted requests miss the target,
-tightening admission while the tail misses and loosening it again when the engine keeps up.
+tightening admission while the tail misses and loosening it again when the engine keeps up. The factor
+describes one busy period: once the engine has had nothing running or queued for `IDLE_FORGET_S`, the next
+request finds k back at 1. Kept, an overload's k (2 after a burst of misses) would refuse at a load the engine
+carries for the next thousand requests (each hit lowers it by 0.05 %), and a load test's steps, each started
+from an idle engine, would each inherit the one before: in three chat.yaml capacity runs, 45 req/s failed
+twice at k 1.7-2.0 right after an overload and passed at k 0.9 (`bench/results/capacity-steps-tail-factor.json`).
 
 With `admission="slo"`, a request that would queue (wait > 0) and whose estimate (times k) exceeds
 `admission_target_frac` (0.8) of its tier's promise (`tier_ttft_slo_ms`: premium 300 ms, standard 800 ms by
@@ -61,6 +66,7 @@ ARRIVAL_ALPHA = 0.05  # EWMA weight of one admitted request's gap and prompt len
 TAIL_QUANTILE = 0.99  # the share of accepted requests whose TTFT in the engine should keep within the target
 TAIL_STEP = 0.05  # how far one request's outcome moves the tail factor (on a log scale)
 TAIL_FACTOR_BOUNDS = (0.5, 20.0)  # the tail factor's range: at most twice as lenient, twenty times as strict
+IDLE_FORGET_S = 0.5  # idle this long (nothing running or queued), the engine's next busy period starts at k = 1
 
 
 @dataclass
@@ -98,6 +104,7 @@ class AdmissionEstimator:
         self.admit_gap_s: dict[str, float] = {}  # EWMA of the gap between admitted requests
         self.mean_prompt: dict[str, float] = {}
         self.tail_factor: dict[str, float] = dict.fromkeys(self.slo_s, 1.0)
+        self._last_busy: float | None = None  # when a step last ran the model
 
     # ---- measurements ---------------------------------------------------------------------------
     def on_admitted(self, tier: str, prompt_tokens: int) -> None:
@@ -132,6 +139,7 @@ class AdmissionEstimator:
 
     def on_step(self, step_s: float, prefill_tokens: int) -> None:
         """A step that ran the model: its wall time and the prompt tokens it computed."""
+        self._last_busy = self._clock()
         self.step_s = ewma(self.step_s, step_s, STEP_ALPHA)
         if prefill_tokens <= 0:
             return
@@ -187,11 +195,19 @@ class AdmissionEstimator:
         steps = 1 + (-(-prompt_tokens // self.prefill_chunk) if self.prefill_chunk else 1)
         return self.target_frac * slo - (self.step_s or 0.0) * steps
 
+    def _forget_if_idle(self, snap: QueueSnapshot) -> None:
+        """A new busy period: the engine has had nothing to do for IDLE_FORGET_S; the tail learned in the last
+        one starts over (the docstring above says why)."""
+        busy = any(snap.queued_slots.values()) or any(snap.running_slots.values())
+        if not busy and self._last_busy is not None and self._clock() - self._last_busy >= IDLE_FORGET_S:
+            self.tail_factor = dict.fromkeys(self.tail_factor, 1.0)
+
     def check(self, tier: str, prompt_tokens: int, snap: QueueSnapshot) -> None:
         """Raise SLOUnattainableError when the request would queue past its tier's TTFT promise."""
         slo = self.slo_s.get(tier)
         if self.mode != "slo" or slo is None:
             return
+        self._forget_if_idle(snap)
         wait, ttft = self.ttft_s(tier, prompt_tokens, snap)
         ttft *= self.tail_factor[tier]
         target = self.target_frac * slo

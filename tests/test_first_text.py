@@ -17,8 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.admission import TAIL_FACTOR_BOUNDS, AdmissionEstimator, QueueSnapshot
+from engine.admission import IDLE_FORGET_S, TAIL_FACTOR_BOUNDS, AdmissionEstimator, QueueSnapshot
 from engine.api_responses import front_end_ms, timing_dict
+from engine.config import TIERS
 from engine.errors import SLOUnattainableError
 from engine.output_processor import OutputProcessor
 from engine.outputs import Timing
@@ -160,6 +161,30 @@ def test_the_tail_factor_settles_where_one_percent_miss_and_tightens_admission()
     est.check("premium", 100, _queued())
     est.on_outcome("basic", 9.0)  # no promise: nothing to learn
     assert "basic" not in est.tail_factor
+
+
+def test_the_tail_factor_starts_over_once_the_engine_has_been_idle():
+    """An overload's tail factor is forgotten after IDLE_FORGET_S with nothing running or queued, not before,
+    and not while anything is running."""
+    clock = [100.0]
+    est = AdmissionEstimator(EngineConfig(), {"premium": 8, "standard": 8, "basic": 8}, clock=lambda: clock[0])
+    est.on_finished(0.4)
+    est.on_step(0.02, 0)  # the engine's last step, at t = 100
+    for _ in range(20):
+        est.on_outcome("standard", None)  # a burst of shed requests: admission tightens
+    k = est.tail_factor["standard"]
+    assert k > 2.5
+    idle = QueueSnapshot(dict.fromkeys(TIERS, 0), dict.fromkeys(TIERS, 0), dict.fromkeys(TIERS, 0))
+    running = QueueSnapshot(dict.fromkeys(TIERS, 0), dict.fromkeys(TIERS, 0), {"premium": 0, "standard": 3,
+                                                                               "basic": 0})
+    clock[0] += 0.9 * IDLE_FORGET_S
+    est.check("standard", 100, idle)
+    assert est.tail_factor["standard"] == k  # a pause shorter than IDLE_FORGET_S is the same busy period
+    clock[0] += IDLE_FORGET_S
+    est.check("standard", 100, running)
+    assert est.tail_factor["standard"] == k  # something still runs: no new busy period
+    est.check("standard", 100, idle)
+    assert est.tail_factor == {"premium": 1.0, "standard": 1.0}
 
 
 def test_the_engine_feeds_the_tail_factor_from_its_requests_first_text():
