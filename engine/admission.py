@@ -30,10 +30,12 @@ exp(TAIL_STEP * 0.99); every one within it lowers k by exp(TAIL_STEP * 0.01). Th
 approximation of a quantile (Robbins-Monro): k settles where 1 % of the accepted requests miss the target,
 tightening admission while the tail misses and loosening it again when the engine keeps up. The factor
 describes one busy period: once the engine has had nothing running or queued for `IDLE_FORGET_S`, the next
-request finds k back at 1. Kept, an overload's k (2 after a burst of misses) would refuse at a load the engine
-carries for the next thousand requests (each hit lowers it by 0.05 %), and a load test's steps, each started
-from an idle engine, would each inherit the one before: in three chat.yaml capacity runs, 45 req/s failed
-twice at k 1.7-2.0 right after an overload and passed at k 0.9 (`bench/results/capacity-steps-tail-factor.json`).
+request finds k back at 1 (the factor matters only while requests queue, when the engine is never idle;
+slobench's steps start from an idle target, at least 0.2 s after its last step). Kept, an overload's k (2
+after a burst of misses) would refuse at a load the engine carries for the next thousand requests (each hit
+lowers it by 0.05 %), and a load test's steps, each started from an idle engine, would each inherit the one
+before: in three chat.yaml capacity runs, 45 req/s failed twice at k 1.7-2.0 right after an overload and
+passed at k 0.9 (`bench/results/capacity-steps-tail-factor.json`).
 
 With `admission="slo"`, a request that would queue (wait > 0) and whose estimate (times k) exceeds
 `admission_target_frac` (0.8) of its tier's promise (`tier_ttft_slo_ms`: premium 300 ms, standard 800 ms by
@@ -66,7 +68,7 @@ ARRIVAL_ALPHA = 0.05  # EWMA weight of one admitted request's gap and prompt len
 TAIL_QUANTILE = 0.99  # the share of accepted requests whose TTFT in the engine should keep within the target
 TAIL_STEP = 0.05  # how far one request's outcome moves the tail factor (on a log scale)
 TAIL_FACTOR_BOUNDS = (0.5, 20.0)  # the tail factor's range: at most twice as lenient, twenty times as strict
-IDLE_FORGET_S = 0.5  # idle this long (nothing running or queued), the engine's next busy period starts at k = 1
+IDLE_FORGET_S = 0.1  # idle this long (nothing running or queued), the engine's next busy period starts at k = 1
 
 
 @dataclass

@@ -331,9 +331,11 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
 
 
 def measure_fixed(scn: Scenario, loads: Iterable[float], run_dir: str | Path, *, target: str,
-                  early_stop: bool = False, display=None) -> list[dict[str, Any]]:
+                  early_stop: bool = False, display=None, fresh_draws: bool = False) -> list[dict[str, Any]]:
     """Measure each load once with the capacity step machinery (a dense sweep, for comparison with the
-    search); returns the step details. ``requests.jsonl`` stages are the loads' positions."""
+    search); returns the step details. ``requests.jsonl`` stages are the loads' positions. Every load is
+    on the common arrival draw (0), scaled; ``fresh_draws``: the i-th on draw i + 1 (a load given several
+    times is then several independent windows)."""
     plan = CapacityPlan.from_scenario(scn)
 
     async def main():
@@ -342,7 +344,7 @@ def measure_fixed(scn: Scenario, loads: Iterable[float], run_dir: str | Path, *,
         out = []
         try:
             for i, load in enumerate(loads):
-                res = await runner.measure(load, "sweep", i, early_stop=early_stop)
+                res = await runner.measure(load, "sweep", i, early_stop=early_stop, draw=i + 1 if fresh_draws else 0)
                 out.append(res.detail)
                 if display:
                     display.end_step(res.detail)
