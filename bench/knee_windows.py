@@ -1,0 +1,211 @@
+"""How sharp a scenario's knee is on this machine, and how precise its capacity search can be there.
+
+    python bench/knee_windows.py [--scenario scenarios/chat.yaml] [--loads 42 45 48 51 54 57] [--windows 5]
+                                 [--durations bench/results/capacity-steps-idle-forget.json]
+                                 [--sims 2000] [--out bench/results/knee-windows.json]
+
+1. **Measure.** One embedded engine; every load ``--windows`` times, each window whole (no early stop), each
+   on its own arrival draw, with the search's own step machinery (warm-up, window, judgement). The loads go
+   in a shuffled order each round, so that the machine's drift falls on all of them alike.
+2. **The knee.** Per load: how many windows passed, the binding SLO's exceedances. P(a window fails) fitted
+   logistic in log(load) (``capacity.crossing.logistic_fit``): the load where half the windows pass, and
+   the ratio of the loads where 20 % and 80 % of them fail (the knee's width, for one window).
+3. **All windows pooled** through ``capacity.rating.rate``: the estimate and interval that this much
+   measuring gives.
+4. **The search on this knee, simulated.** ``CapacitySearch`` with the scenario's settings, each step
+   passing with the fitted probability at its load, independently of the steps before; its offered rate a
+   Poisson draw over the sweep's median window; each step's duration drawn from the ``--durations`` file's
+   steps of its kind (a ``bench/capacity_steps.py`` file of real runs: ramp or not, passed or not, stopped
+   early or not), the scenario's time budget applied as ``capacity.run`` applies it. Over ``--sims`` runs:
+   the rating's spread (sd / median), the spread of three runs ((max - min) / median) and how often it is
+   at most 5 %. What the model leaves out: a window whose draw offered more is likelier to fail (here
+   they are independent), and the machine's drift between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadgen.capacity import rating  # noqa: E402
+from loadgen.capacity.crossing import logistic_fit  # noqa: E402
+from loadgen.capacity.plan import CapacityPlan  # noqa: E402
+from loadgen.capacity.run import measure_fixed, over_budget, rated_capacity  # noqa: E402
+from loadgen.capacity.search import CapacitySearch, StepResult  # noqa: E402
+from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
+from loadgen.scenario.parse import load_scenario  # noqa: E402
+from loadgen.target.embedded import EmbeddedEngine  # noqa: E402
+
+
+class Progress:
+    """What ``measure_fixed`` shows: one line per window."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+
+    def start_step(self, *_a) -> None:
+        pass
+
+    def update(self, *_a) -> None:
+        pass
+
+    def status(self, text: str) -> None:
+        print(f"  {text}", flush=True)
+
+    def end_step(self, d: dict) -> None:
+        self.done += 1
+        print(f"  window {self.done}/{self.total}: {d['load']:.1f} req/s asked, {d.get('offered_rps') or 0:.1f} "
+              f"offered, {'pass' if d['passed'] else 'FAIL'}  ({time.monotonic() - self.t0:.0f} s)", flush=True)
+
+
+def measure(scn, loads: list[float], windows: int, seed: int, work: Path) -> tuple[list[dict], float]:
+    """The windows' step details, and the engine's start-up time (the simulated runs start after it)."""
+    rng = np.random.default_rng(seed)
+    order = [float(x) for _ in range(windows) for x in rng.permutation(loads)]
+    engine = EmbeddedEngine(scn.engine_options(), log_path=work / "engine.log")
+    t0 = time.monotonic()
+    url = engine.start()
+    start_s = time.monotonic() - t0
+    try:
+        return measure_fixed(scn, order, work / "sweep", target=url, early_stop=False,
+                             display=Progress(len(order)), fresh_draws=True), start_s
+    finally:
+        engine.stop()
+
+
+def binding_row(d: dict, tier: str, metric: str) -> dict:
+    j = ((d.get("tiers") or {}).get(tier) or {}).get("judged", {}).get(metric) or {}
+    w = d.get("window_s") or [0.0, 0.0]
+    return {"load": d["load"], "planned_rps": d.get("planned_rps"), "offered_rps": d.get("offered_rps"),
+            "window_s": w[1] - w[0], "passed": bool(d["passed"]), "over": j.get("over"), "n": j.get("n"),
+            "runs": j.get("runs")}
+
+
+def knee(rows: list[dict]) -> dict:
+    x = np.array([r["load"] for r in rows])
+    fails = np.array([0.0 if r["passed"] else 1.0 for r in rows])
+    fit = logistic_fit(x, fails, np.ones_like(x))
+    per_load = {f"{load:g}": {"windows": int((x == load).sum()), "passed": int(((x == load) & (fails == 0)).sum())}
+                for load in sorted(set(x.tolist()))}
+    if fit is None or not fit[1] > 0:
+        return {"per_load": per_load, "fit": None}
+    a, b = fit
+    half = math.exp(-a / b)
+    width = math.exp((math.log(4.0) - math.log(0.25)) / b)  # load at 80 % failing / load at 20 % failing
+    return {"per_load": per_load, "fit": {"a": a, "b": b}, "half_pass_load": half, "width_20_80": width}
+
+
+def step_kinds(path: Path) -> dict[str, list[tuple[float, bool]]]:
+    """The kept runs' step durations by kind, each with whether it ran to its cap."""
+    data = json.loads(path.read_text())
+    kinds: dict[str, list[tuple[float, bool]]] = {}
+    for rows in data["runs"].values():
+        for r in rows:
+            if r.get("duration_s") is None or r.get("counted") is False:
+                continue
+            key = f"{'ramp' if r['phase'] == 'ramp' else 'search'}-{'pass' if r['passed'] else 'fail'}"
+            kinds.setdefault(key, []).append((float(r["duration_s"]), not r.get("early")))
+    return kinds
+
+
+def simulate(plan: CapacityPlan, fit: dict, kinds: dict, window_s: float, start_s: float, sims: int,
+             seed: int) -> dict:
+    a, b = fit["a"], fit["b"]
+    rng = np.random.default_rng(seed)
+    ratings, walls, ended, steps = [], [], 0, []
+    for _ in range(sims):
+        search, elapsed, full = CapacitySearch(plan.search), start_s, []
+        while (nxt := search.next_step()) is not None:
+            if why := over_budget(plan, elapsed, full):
+                search.end(why)
+                break
+            load, phase = nxt
+            passed = bool(rng.random() >= 1.0 / (1.0 + math.exp(-(a + b * math.log(load)))))
+            pool = kinds.get(f"{'ramp' if phase == 'ramp' else 'search'}-{'pass' if passed else 'fail'}") or \
+                [(plan.step.step_duration_s, True)]
+            dur, whole = pool[rng.integers(len(pool))]
+            elapsed += dur
+            if whole:
+                full.append(dur)
+            offered = rng.poisson(load * window_s) / window_s
+            search.record(load, StepResult(passed, detail={"offered_rps": offered, "window_s": [0.0, window_s]}))
+        out = search.outcome()
+        ended += out.ended_by is not None
+        rc = rated_capacity(out, plan)
+        if rc is not None and out.verdict == "rated":
+            ratings.append(rc["rate_rps"])
+        walls.append(elapsed)
+        steps.append(len(out.steps))
+    r = np.array(ratings)
+    triples = r[: len(r) // 3 * 3].reshape(-1, 3)
+    spread3 = (triples.max(1) - triples.min(1)) / np.median(triples, 1)
+    return {"sims": sims, "rated": len(r), "rating_median": float(np.median(r)),
+            "rating_sd_rel": float(r.std() / np.median(r)),
+            "three_run_spread_median": float(np.median(spread3)),
+            "three_runs_within_5_percent": float((spread3 <= 0.05).mean()),
+            "wall_s_median": float(np.median(walls)), "wall_s_max": float(np.max(walls)),
+            "ended_by_budget": ended / sims, "steps_median": float(np.median(steps))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", default=str(REPO / "scenarios" / "chat.yaml"))
+    ap.add_argument("--loads", type=float, nargs="+", default=[42, 45, 48, 51, 54, 57])
+    ap.add_argument("--windows", type=int, default=5, help="windows per load")
+    ap.add_argument("--durations", type=Path, default=REPO / "bench" / "results" / "capacity-steps-idle-forget.json",
+                    help="a bench/capacity_steps.py results file: the step durations of real runs")
+    ap.add_argument("--sims", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--from", dest="from_file", type=Path, help="re-analyse this results file, measure nothing")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "knee-windows.json")
+    args = ap.parse_args()
+    if not args.durations.is_file():
+        ap.error(f"--durations {args.durations}: no such file")
+    scn = load_scenario(args.scenario)
+    plan = CapacityPlan.from_scenario(scn)
+    if args.from_file:
+        prev = json.loads(args.from_file.read_text())
+        details, engine_start_s = prev["steps"], prev["engine_start_s"]
+    else:
+        print(f"measuring {len(args.loads)} loads x {args.windows} windows of {args.scenario} ...", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.monotonic()
+            details, engine_start_s = measure(scn, args.loads, args.windows, args.seed, Path(tmp))
+            print(f"measured in {time.monotonic() - t0:.0f} s", flush=True)
+        # the measurements first: an analysis that fails can be redone with --from
+        args.out.write_text(json.dumps({"bench": "knee_windows", "engine_start_s": engine_start_s,
+                                        "steps": details}, default=str) + "\n")
+    pooled = rating.rate(details, plan.search.axis, confidence=plan.step.confidence, seed=scn.seed)
+    if pooled is None:
+        print("no window judged an SLO: nothing to analyse", file=sys.stderr)
+        return 1
+    tier, metric = pooled["binding"]["tier"], pooled["binding"]["metric"]
+    rows = [binding_row(d, tier, metric) for d in details]
+    k = knee(rows)
+    window_s = float(np.median([r["window_s"] for r in rows]))
+    sim = None
+    if k["fit"] is not None:
+        sim = simulate(plan, k["fit"], step_kinds(args.durations), window_s, engine_start_s, args.sims, args.seed)
+    out = {"bench": "knee_windows", "when": now_iso(), "git_commit": git_commit(), "machine": machine(),
+           "versions": versions(), "scenario": args.scenario, "loads": args.loads, "windows": args.windows,
+           "durations_from": str(args.durations), "engine_start_s": engine_start_s, "window_s_median": window_s,
+           "binding": {"tier": tier, "metric": metric}, "rows": rows, "knee": k,
+           "pooled": {key: pooled.get(key) for key in ("estimate", "ci_low", "ci_high", "boundary", "method")},
+           "simulated_search": sim, "steps": details}
+    args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(json.dumps({key: out[key] for key in ("knee", "pooled", "simulated_search")}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
