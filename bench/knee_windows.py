@@ -7,19 +7,23 @@
 1. **Measure.** One embedded engine; every load ``--windows`` times, each window whole (no early stop), each
    on its own arrival draw, with the search's own step machinery (warm-up, window, judgement). The loads go
    in a shuffled order each round, so that the machine's drift falls on all of them alike.
-2. **The knee.** Per load: how many windows passed, the binding SLO's exceedances. P(a window fails) fitted
-   logistic in log(load) (``capacity.crossing.logistic_fit``): the load where half the windows pass, and
-   the ratio of the loads where 20 % and 80 % of them fail (the knee's width, for one window).
+2. **The knee.** Per load: how many windows passed, the binding SLO's exceedances. P(a window fails) as a
+   function of load: the loads' failing shares made monotone (isotonic) and interpolated linearly in
+   log(load), flat beyond the loads measured; beside it the logistic fit in log(load)
+   (``capacity.crossing.logistic_fit``), which does not exist where the windows separate (every load below
+   one passes, every load above it fails): the knee is then sharper than the loads' spacing.
 3. **All windows pooled** through ``capacity.rating.rate``: the estimate and interval that this much
    measuring gives.
 4. **The search on this knee, simulated.** ``CapacitySearch`` with the scenario's settings, each step
-   passing with the fitted probability at its load, independently of the steps before; its offered rate a
-   Poisson draw over the sweep's median window; each step's duration drawn from the ``--durations`` file's
-   steps of its kind (a ``bench/capacity_steps.py`` file of real runs: ramp or not, passed or not, stopped
-   early or not), the scenario's time budget applied as ``capacity.run`` applies it. Over ``--sims`` runs:
-   the rating's spread (sd / median), the spread of three runs ((max - min) / median) and how often it is
-   at most 5 %. What the model leaves out: a window whose draw offered more is likelier to fail (here
-   they are independent), and the machine's drift between runs.
+   passing with the interpolated probability at its load, independently of the steps before; its offered
+   rate a Poisson draw over the sweep's median window; each step's duration drawn from the ``--durations``
+   file's steps of its kind (a ``bench/capacity_steps.py`` file of real runs: ramp or not, passed or not,
+   stopped early or not), the scenario's time budget applied as ``capacity.run`` applies it. Over
+   ``--sims`` runs: the rating's spread (sd / median), the spread of three runs ((max - min) / median) and
+   how often it is at most 5 %; the same for the load the search asked for at its pass end
+   (``requested_*``: the rating without the Poisson noise of the windows' offered rates). What the model
+   leaves out: a window whose draw offered more is likelier to fail (here they are independent), and the
+   machine's drift between runs.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from loadgen.capacity import rating  # noqa: E402
-from loadgen.capacity.crossing import logistic_fit  # noqa: E402
+from loadgen.capacity.crossing import isotonic, logistic_fit  # noqa: E402
 from loadgen.capacity.plan import CapacityPlan  # noqa: E402
 from loadgen.capacity.run import measure_fixed, over_budget, rated_capacity  # noqa: E402
 from loadgen.capacity.search import CapacitySearch, StepResult  # noqa: E402
@@ -94,15 +98,26 @@ def binding_row(d: dict, tier: str, metric: str) -> dict:
 def knee(rows: list[dict]) -> dict:
     x = np.array([r["load"] for r in rows])
     fails = np.array([0.0 if r["passed"] else 1.0 for r in rows])
+    loads = sorted(set(x.tolist()))
+    counts = np.array([(x == load).sum() for load in loads], dtype=float)
+    share = isotonic(np.array([fails[x == load].mean() for load in loads]), counts)  # failing, monotone
+    out = {"per_load": {f"{load:g}": {"windows": int(n), "passed": int(((x == load) & (fails == 0)).sum()),
+                                      "failing_share_monotone": float(f)}
+                        for load, n, f in zip(loads, counts, share, strict=True)},
+           "interpolated": {"loads": loads, "failing_share": share.tolist()}}
     fit = logistic_fit(x, fails, np.ones_like(x))
-    per_load = {f"{load:g}": {"windows": int((x == load).sum()), "passed": int(((x == load) & (fails == 0)).sum())}
-                for load in sorted(set(x.tolist()))}
     if fit is None or not fit[1] > 0:
-        return {"per_load": per_load, "fit": None}
+        out["logistic"] = None  # the windows separate: no finite slope
+        return out
     a, b = fit
-    half = math.exp(-a / b)
-    width = math.exp((math.log(4.0) - math.log(0.25)) / b)  # load at 80 % failing / load at 20 % failing
-    return {"per_load": per_load, "fit": {"a": a, "b": b}, "half_pass_load": half, "width_20_80": width}
+    out["logistic"] = {"a": a, "b": b, "half_pass_load": math.exp(-a / b),
+                       "width_20_80": math.exp((math.log(4.0) - math.log(0.25)) / b)}  # 80 % / 20 % failing
+    return out
+
+
+def failing_probability(model: dict, load: float) -> float:
+    """The interpolated share of windows failing at ``load`` (flat beyond the loads measured)."""
+    return float(np.interp(math.log(load), np.log(model["loads"]), model["failing_share"]))
 
 
 def step_kinds(path: Path) -> dict[str, list[tuple[float, bool]]]:
@@ -118,11 +133,10 @@ def step_kinds(path: Path) -> dict[str, list[tuple[float, bool]]]:
     return kinds
 
 
-def simulate(plan: CapacityPlan, fit: dict, kinds: dict, window_s: float, start_s: float, sims: int,
+def simulate(plan: CapacityPlan, model: dict, kinds: dict, window_s: float, start_s: float, sims: int,
              seed: int) -> dict:
-    a, b = fit["a"], fit["b"]
     rng = np.random.default_rng(seed)
-    ratings, walls, ended, steps = [], [], 0, []
+    ratings, requested, walls, ended, steps = [], [], [], 0, []
     for _ in range(sims):
         search, elapsed, full = CapacitySearch(plan.search), start_s, []
         while (nxt := search.next_step()) is not None:
@@ -130,7 +144,7 @@ def simulate(plan: CapacityPlan, fit: dict, kinds: dict, window_s: float, start_
                 search.end(why)
                 break
             load, phase = nxt
-            passed = bool(rng.random() >= 1.0 / (1.0 + math.exp(-(a + b * math.log(load)))))
+            passed = bool(rng.random() >= failing_probability(model, load))
             pool = kinds.get(f"{'ramp' if phase == 'ramp' else 'search'}-{'pass' if passed else 'fail'}") or \
                 [(plan.step.step_duration_s, True)]
             dur, whole = pool[rng.integers(len(pool))]
@@ -144,17 +158,23 @@ def simulate(plan: CapacityPlan, fit: dict, kinds: dict, window_s: float, start_
         rc = rated_capacity(out, plan)
         if rc is not None and out.verdict == "rated":
             ratings.append(rc["rate_rps"])
+            requested.append(out.rated_load)
         walls.append(elapsed)
         steps.append(len(out.steps))
-    r = np.array(ratings)
-    triples = r[: len(r) // 3 * 3].reshape(-1, 3)
-    spread3 = (triples.max(1) - triples.min(1)) / np.median(triples, 1)
-    return {"sims": sims, "rated": len(r), "rating_median": float(np.median(r)),
-            "rating_sd_rel": float(r.std() / np.median(r)),
-            "three_run_spread_median": float(np.median(spread3)),
-            "three_runs_within_5_percent": float((spread3 <= 0.05).mean()),
+    return {"sims": sims, "rated": len(ratings), **spread_figures(ratings, "rating"),
+            **spread_figures(requested, "requested"),
             "wall_s_median": float(np.median(walls)), "wall_s_max": float(np.max(walls)),
             "ended_by_budget": ended / sims, "steps_median": float(np.median(steps))}
+
+
+def spread_figures(values: list[float], name: str) -> dict:
+    """Median, relative sd, and the spread of consecutive triples ((max - min) / median) of ``values``."""
+    r = np.array(values)
+    triples = r[: len(r) // 3 * 3].reshape(-1, 3)
+    spread3 = (triples.max(1) - triples.min(1)) / np.median(triples, 1)
+    return {f"{name}_median": float(np.median(r)), f"{name}_sd_rel": float(r.std() / np.median(r)),
+            f"{name}_three_run_spread_median": float(np.median(spread3)),
+            f"{name}_three_runs_within_5_percent": float((spread3 <= 0.05).mean())}
 
 
 def main() -> int:
@@ -193,9 +213,8 @@ def main() -> int:
     rows = [binding_row(d, tier, metric) for d in details]
     k = knee(rows)
     window_s = float(np.median([r["window_s"] for r in rows]))
-    sim = None
-    if k["fit"] is not None:
-        sim = simulate(plan, k["fit"], step_kinds(args.durations), window_s, engine_start_s, args.sims, args.seed)
+    sim = simulate(plan, k["interpolated"], step_kinds(args.durations), window_s, engine_start_s, args.sims,
+                   args.seed)
     out = {"bench": "knee_windows", "when": now_iso(), "git_commit": git_commit(), "machine": machine(),
            "versions": versions(), "scenario": args.scenario, "loads": args.loads, "windows": args.windows,
            "durations_from": str(args.durations), "engine_start_s": engine_start_s, "window_s_median": window_s,

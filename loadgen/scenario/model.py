@@ -42,6 +42,7 @@ search:                    # for ``slobench capacity`` (see loadgen/capacity/)
   min_samples: null        # each judged tier's requests a step's window holds at least (default 1/(1-quantile):
   max_step_duration_s: null  # 100 for a p99), the step lengthened for it up to this (default 4 x step_duration_s)
   max_steps: 12
+  max_duration_s: null     # the run's time budget: no step starts that would end past it (null: none)
   min_load: null           # never_met below it (default start / growth^2; 1 user)
   max_load: null           # never_broke above it (default start * growth^(max_steps - 1))
   quantile: 0.99           # SLO quantile (a tier's slo.quantile overrides it)
