@@ -13,6 +13,7 @@ import pytest
 from loadgen.capacity.early_stop import StepLooks
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.steady import SteadyState, steady_time, trending
+from loadgen.capacity.step import record_decision
 from loadgen.capacity.step_stats import StepWindow, disturbance_of, step_detail
 from loadgen.results.records import RequestRecord
 from loadgen.results.sequential import SPENDING, SequentialTest, binom_pmf, spent
@@ -152,6 +153,32 @@ def test_looks_decide_a_breach_a_pass_or_nothing(tmp_path):
     looks = StepLooks(pl, w0, w1, Counter(standard=100), "bisect")
     assert all(looks.look([r for r in edge if r.scheduled_s < t], t) is None for t in np.arange(w0 + 0.5, w1, 0.5))
     assert looks.look(edge, 25.0, final=True) is None  # undecided: the cap and the point estimate judge
+
+
+def test_a_step_stopped_at_its_breach_gives_the_breach_as_its_reason(tmp_path):
+    """The looks before the decision are undecided; only the final look of a step that ran to its cap may
+    call it undecided (every step used to say so, the first look's verdict kept)."""
+    pl = plan(tmp_path)
+    st = StepWindow(3, 8.0, "bisect", 0.0, 2.0, 20.0)
+    bad = recs(200, 2.0, 0.05, 0.05, over_every=10)
+    looks = StepLooks(pl, st.w0, st.w1, Counter(standard=360), "bisect")
+    record_decision(st, looks.look([], 2.5), looks)
+    assert st.stop_reason is None and st.decision is None
+    d = None
+    for t in np.arange(3.0, 12.0, 0.5):
+        d = looks.look([r for r in bad if r.scheduled_s < t], t)
+        record_decision(st, d, looks)
+        if d:
+            break
+    assert d is not None and st.decision == "breach" and st.stop_reason == d.reason
+    assert "undecided" not in st.stop_reason
+    edge = recs(100, 2.0, 0.17, 0.05, over_every=100)
+    st2 = StepWindow(4, 6.0, "bisect", 0.0, 2.0, 20.0)
+    looks2 = StepLooks(pl, st2.w0, st2.w1, Counter(standard=100), "bisect")
+    record_decision(st2, looks2.look(edge[:10], 4.0), looks2)
+    assert st2.stop_reason is None
+    record_decision(st2, looks2.look(edge, 25.0, final=True), looks2, final=True)
+    assert st2.decision is None and st2.stop_reason.startswith("undecided at the cap")
 
 
 def test_step_detail_says_what_decided_it(tmp_path):

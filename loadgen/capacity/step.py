@@ -70,6 +70,19 @@ def injected_stall(index: int) -> tuple[float, float] | None:
     return None
 
 
+def record_decision(st: StepWindow, d, looks: StepLooks, final: bool = False) -> None:
+    """What one look of ``looks`` (its decision ``d``, None: undecided) tells the step. Only the last look
+    (``final``) of a step that ran to its cap makes it undecided; a look before a decision leaves the reason
+    open."""
+    st.looks = looks.looks
+    st.samples = looks.copy_samples()
+    if d is not None:
+        st.decision, st.decided_by, st.samples = d.kind, d.by, d.samples
+        st.stop_reason = d.reason
+    elif final:
+        st.stop_reason = "undecided at the cap (the step's length): judged on the point estimate"
+
+
 class StepRecordWriter(RecordWriter):
     """Appends records to requests.jsonl and keeps the current step's in memory."""
 
@@ -199,7 +212,7 @@ class CapacityRunner:
         if not looks:  # the step ended within its warm-up (Ctrl-C, a dead target)
             looks.append(self._looks(st, arrivals))
         if st.decision is None:  # the last look, on the whole window: was the cap's verdict a confident one?
-            self._decide(st, looks[0].look(records, self.clock(), final=True), looks[0])
+            record_decision(st, looks[0].look(records, self.clock(), final=True), looks[0], final=True)
         detail = step_detail(plan, st, records, read_metrics(self.run_dir / "metrics.jsonl"),
                              self.clock(), time.monotonic() - wall0)
         margin = detail["margin"] if detail["margin"] is not None else (None if detail["passed"] else math.inf)
@@ -209,16 +222,6 @@ class CapacityRunner:
     def _looks(self, st: StepWindow, arrivals: list[tuple[float, str]]) -> StepLooks:
         planned = Counter(tier for a, tier in arrivals if st.w0 <= a < st.w1)
         return StepLooks(self.plan, st.w0, st.w1, planned, st.phase)
-
-    @staticmethod
-    def _decide(st: StepWindow, d, looks: StepLooks) -> None:
-        st.looks = looks.looks
-        st.samples = looks.copy_samples()
-        if d is not None:
-            st.decision, st.decided_by, st.samples = d.kind, d.by, d.samples
-            st.stop_reason = st.stop_reason or d.reason
-        elif st.stop_reason is None:
-            st.stop_reason = "undecided at the cap (the step's length): judged on the point estimate"
 
     async def _settle(self) -> None:
         """Wait until the target has nothing running or waiting (two scrapes in a row, in its own gauges'
@@ -273,7 +276,7 @@ class CapacityRunner:
             if early_stop and st.early is None and t >= next_look:
                 next_look += opts.look_interval_s
                 d = looks[0].look(self.writer.step_records + (driver.in_flight() or []), t)
-                self._decide(st, d, looks[0])
+                record_decision(st, d, looks[0])
                 if d is not None:
                     st.early, st.stopped_at = d.kind, t
                     if d.kind == "breach":
