@@ -186,7 +186,8 @@ def main() -> int:
                     help="a bench/capacity_steps.py results file: the step durations of real runs")
     ap.add_argument("--sims", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--from", dest="from_file", type=Path, help="re-analyse this results file, measure nothing")
+    ap.add_argument("--from", dest="from_file", type=Path,
+                    help="re-analyse this results file, measure nothing (its `measured` commit and time are kept)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "knee-windows.json")
     args = ap.parse_args()
     if not args.durations.is_file():
@@ -196,15 +197,17 @@ def main() -> int:
     if args.from_file:
         prev = json.loads(args.from_file.read_text())
         details, engine_start_s = prev["steps"], prev["engine_start_s"]
+        measured = prev.get("measured") or {"git_commit": prev.get("git_commit"), "when": prev.get("when")}
     else:
         print(f"measuring {len(args.loads)} loads x {args.windows} windows of {args.scenario} ...", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.monotonic()
             details, engine_start_s = measure(scn, args.loads, args.windows, args.seed, Path(tmp))
             print(f"measured in {time.monotonic() - t0:.0f} s", flush=True)
+        measured = {"git_commit": git_commit(), "when": now_iso()}
         # the measurements first: an analysis that fails can be redone with --from
-        args.out.write_text(json.dumps({"bench": "knee_windows", "engine_start_s": engine_start_s,
-                                        "steps": details}, default=str) + "\n")
+        args.out.write_text(json.dumps({"bench": "knee_windows", "measured": measured,
+                                        "engine_start_s": engine_start_s, "steps": details}, default=str) + "\n")
     pooled = rating.rate(details, plan.search.axis, confidence=plan.step.confidence, seed=scn.seed)
     if pooled is None:
         print("no window judged an SLO: nothing to analyse", file=sys.stderr)
@@ -215,7 +218,8 @@ def main() -> int:
     window_s = float(np.median([r["window_s"] for r in rows]))
     sim = simulate(plan, k["interpolated"], step_kinds(args.durations), window_s, engine_start_s, args.sims,
                    args.seed)
-    out = {"bench": "knee_windows", "when": now_iso(), "git_commit": git_commit(), "machine": machine(),
+    out = {"bench": "knee_windows", "when": now_iso(), "git_commit": git_commit(), "measured": measured,
+           "machine": machine(),
            "versions": versions(), "scenario": args.scenario, "loads": args.loads, "windows": args.windows,
            "durations_from": str(args.durations), "engine_start_s": engine_start_s, "window_s_median": window_s,
            "binding": {"tier": tier, "metric": metric}, "rows": rows, "knee": k,
