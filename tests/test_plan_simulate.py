@@ -110,3 +110,7 @@ def test_queued_requests_past_their_deadline_are_shed_and_the_tail_factor_learns
     for _ in range(2000):
         adm.outcome("premium", 0.01)
     assert adm.tail["premium"] == 0.5  # within the target ever after: down to its bound
+    adm.idle(0.05)
+    assert adm.tail["premium"] == 0.5  # a moment's idleness is the same busy period
+    adm.idle(0.1)
+    assert adm.tail == {}  # a new busy period: every tier back at 1, as the engine's IDLE_FORGET_S does

@@ -15,7 +15,7 @@ estimated TTFT over ``admission_target_frac`` of the tier's promise refuses the 
 latency for the SLO rule), with the estimate ``engine/admission.py`` makes from the simulated engine's own
 measured turnover, prefill rate and step time, times its tail factor (learned from the simulated requests'
 own TTFTs); a queued request that has not started by its shed deadline (the engine's share of the
-promise less its own steps) is shed, refused too.
+promise less its own steps) is shed, refused too; the tail factor starts over after the engine sat idle.
 
 Steps are priced by a :class:`~loadgen.planning.step_model.StepModel`; a run of pure decode steps with
 nothing to admit is priced in one vectorised go up to the next finish or arrival, so the simulation is
@@ -40,6 +40,7 @@ TIERS = ("premium", "standard", "basic")
 # the EWMA weights and window of engine/admission.py, so the simulated admission estimates as the engine does
 RESIDENCE_ALPHA, PREFILL_ALPHA, PREFILL_WINDOW_S, STEP_ALPHA, ARRIVAL_ALPHA = 0.05, 0.2, 0.1, 0.1, 0.05
 TAIL_QUANTILE, TAIL_STEP, TAIL_FACTOR_BOUNDS = 0.99, 0.05, (0.5, 20.0)  # its tail factor's, likewise
+IDLE_FORGET_S = 0.1  # and its forgetting: idle this long, the next busy period starts at a tail factor of 1
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,12 @@ class _Admission:
         miss = ttft_s is None or ttft_s > self.eng.admission_target_frac * slo / 1e3
         k = self.tail.get(tier, 1.0) * math.exp(TAIL_STEP * (float(miss) - (1.0 - TAIL_QUANTILE)))
         self.tail[tier] = min(max(k, TAIL_FACTOR_BOUNDS[0]), TAIL_FACTOR_BOUNDS[1])
+
+    def idle(self, gap_s: float) -> None:
+        """The engine sat idle (nothing running or queued) for ``gap_s``: from IDLE_FORGET_S on, the tail
+        factor starts over, as the engine's does."""
+        if gap_s >= IDLE_FORGET_S:
+            self.tail.clear()
 
     def own_steps(self, prompt: int) -> int:
         """The step under way, then the request's prefill chunks."""
@@ -296,6 +303,7 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
         if not running and not queued:
             if nxt >= n:
                 break
+            adm.idle(float(arrive[nxt]) - t)
             t = float(arrive[nxt])
             continue
         m = len(running)
