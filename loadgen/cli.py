@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
     p.add_argument("--seed", type=int)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario value by its dotted path (repeatable), e.g. search.start=4")
+                   help="override a scenario value by its dotted path (repeatable), e.g. search.start=4; "
+                        "search.max_duration_s=240 bounds the run's time (no step starts that would end past it)")
     p.add_argument("--engine-opt", action="append", type=engine_opt, default=[], metavar="KEY=VALUE",
                    help="option for the embedded engine server (repeatable), e.g. max_num_seqs=8")
     p.add_argument("--no-progress", action="store_true", help="no live display")
