@@ -2,6 +2,7 @@
 how accurate, how spread and how honest the rating and its interval are, free of machine noise.
 
     python bench/rating_simulation.py [--scenario scenarios/calibrate.yaml] [--runs 99] [--refine 10 20 40]
+                                      [--designs fresh common] [--prefix-s 0] [--no-floor]
                                       [--out bench/results/rating-simulation.json]
 
 Each run is the real search (``CapacitySearch`` with the scenario's ``search`` section) and the real rating
@@ -10,7 +11,9 @@ Each run is the real search (``CapacitySearch`` with the scenario's ``search`` s
 ``step_duration_s``, the requests scheduled in the first ``warmup_s`` not judged. What it leaves out: early
 stopping (every step runs its whole length), the steady-state warm-up, the client. Both arrival designs
 (``search.arrivals``: ``fresh``, ``common``) run on the same seeds, and the fresh design again with
-``--refine`` more windows at the estimate (``search.refine_steps``; ``refine`` in the file).
+``--refine`` more windows at the estimate (``search.refine_steps``; ``refine`` in the file). ``--prefix-s``
+starts every step's window from the queue's steady state at its load instead of an idle queue: what the
+idle start costs.
 
 Per design: the error (rated / true - 1) of the search's pass end (``rate_rps``) and of the rating's
 ``estimate`` (mean, sd, the share within 3 %), the spread ((max - min) / median) of each run of three
@@ -122,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=99, help="seeds per arrival design (default 99: 33 triples)")
     ap.add_argument("--refine", type=int, nargs="*", default=[10, 20, 40],
                     help="search.refine_steps to measure beside the default 0 (fresh draws; default 10 20 40)")
+    ap.add_argument("--designs", nargs="+", choices=("fresh", "common"), default=["fresh", "common"],
+                    help="the arrival designs to run (default both)")
+    ap.add_argument("--prefix-s", type=float, default=0.0,
+                    help="feed each step's queue this many seconds of its load first: windows from the queue's "
+                         "steady state, not an idle one (default 0: as slobench's steps start)")
+    ap.add_argument("--no-floor", action="store_true", help="skip the statistical floor (slow with --prefix-s)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "rating-simulation.json")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -130,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     qt = QueueTruth(scn, q, requests=50_000, seeds=4)
     truth = qt.capacity()
     steady = np.concatenate([latencies(d.arrive / truth, d.n_in, d.n_out, q)["ttft_ms"][qt.skip:] for d in qt.draws])
-    win = SimulatedSteps(scn, q)
+    win = SimulatedSteps(scn, q, prefix_s=args.prefix_s)
     designs = {}
-    for arrivals in ("fresh", "common"):
+    for arrivals in args.designs:
         runs = []
         for seed in range(args.runs):
             runs.append(one_run(win, arrivals, seed))
@@ -147,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"refine_steps {k}: {json.dumps(refine[str(k)]['summary'])}", file=sys.stderr, flush=True)
     result = {"bench": "rating-simulation", "started_at": now_iso(), "git_commit": git_commit(), "machine": machine(),
               "versions": versions(), "scenario": str(args.scenario), "queue": q.as_dict(), "true_rps": truth,
-              "step_duration_s": win.duration_s, "warmup_s": win.warmup_s, "runs": args.runs,
-              "designs": designs, "refine": refine, "floor": floor(win, truth, [4, 8, 12, 20, 40, 80, 160]),
+              "step_duration_s": win.duration_s, "warmup_s": win.warmup_s, "prefix_s": args.prefix_s,
+              "runs": args.runs, "designs": designs, "refine": refine,
+              "floor": None if args.no_floor else floor(win, truth, [4, 8, 12, 20, 40, 80, 160]),
               "steady_state_share_at_truth": float(np.mean(steady > win.threshold)),
               "wall_s": round(time.monotonic() - t0, 1)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -253,12 +253,14 @@ class SimulatedSteps:
     """Capacity-search steps computed, not measured: the mock's queue fed one arrival draw from empty for
     the scenario's ``step_duration_s``, the requests scheduled in its first ``warmup_s`` not judged, judged
     on the scenario's first SLO, runs of exceedances counted as a step counts them (``decluster_run``).
-    What it leaves out of a real step: early stopping, the adaptive warm-up, the client."""
+    What it leaves out of a real step: early stopping, the adaptive warm-up, the client. ``prefix_s`` > 0
+    feeds the queue that many seconds of the same load before the step (a window from the queue's steady
+    state instead of an idle one: what an idle start costs the rating, ``bench/rating_simulation.py``)."""
 
-    def __init__(self, scn: Scenario, q: QueueParams):
+    def __init__(self, scn: Scenario, q: QueueParams, prefix_s: float = 0.0):
         check_scenario(scn)
         step = CapacityPlan.from_scenario(scn).step
-        self.scn, self.q = scn, q
+        self.scn, self.q, self.prefix_s = scn, q, prefix_s
         self.duration_s, self.warmup_s, self.decluster_run = step.step_duration_s, step.warmup_s, step.decluster_run
         slo = next(s for ss in scn.slos().values() for s in ss)
         self.threshold, self.quantile = slo.threshold_ms, slo.quantile
@@ -266,11 +268,12 @@ class SimulatedSteps:
 
     def ttfts(self, seed: int, rate: float) -> tuple[np.ndarray, float]:
         """The judged requests' TTFTs (ms) of draw ``seed`` at ``rate``, and the rate they were planned at."""
-        d = draw(self.scn, seed, duration_s=self.duration_s * rate + 50)
+        end = self.prefix_s + self.duration_s
+        d = draw(self.scn, seed, duration_s=end * rate + 50)
         a = d.arrive / rate
-        n = int(np.searchsorted(a, self.duration_s))
+        n = int(np.searchsorted(a, end))
         v = latencies(a[:n], d.n_in[:n], d.n_out[:n], self.q)["ttft_ms"]
-        judged = a[:n] >= self.warmup_s
+        judged = a[:n] >= self.prefix_s + self.warmup_s
         return v[judged], judged.sum() / (self.duration_s - self.warmup_s)
 
     def step(self, index: int, load: float, seed: int) -> tuple[dict, StepResult]:
