@@ -215,3 +215,19 @@ def test_default_settings_rate_the_sharp_knee_within_3_percent_and_three_seeds_a
     assert np.all(np.abs(estimates / truth - 1) <= 0.03), (truth, estimates)
     assert (rated.max() - rated.min()) / np.median(rated) <= 0.05, rated
     assert all(r[1]["boundary"] == "cliff" for r in runs), [r[1]["boundary"] for r in runs]
+
+
+def test_a_simulated_step_with_a_prefix_starts_from_the_queue_s_load_not_an_idle_queue():
+    """``SimulatedSteps(prefix_s=)``: above saturation the backlog the prefix built makes every judged request
+    wait longer than an idle start does, on the same draw; without a prefix the windows are as before."""
+    from loadgen.capacity.truth import SimulatedSteps
+    from loadgen.scenario.parse import load_scenario
+
+    scn = load_scenario(REPO / "scenarios" / "calibrate-steady.yaml")
+    idle, primed = SimulatedSteps(scn, Q_DEFAULT), SimulatedSteps(scn, Q_DEFAULT, prefix_s=60.0)
+    load = 1.1 * 16 / 0.35  # 10 % over the queue's saturation: its backlog grows all the time
+    v_idle, planned_idle = idle.ttfts(7, load)
+    v_primed, planned_primed = primed.ttfts(7, load)
+    assert v_primed.min() > v_idle.max()  # the primed window's requests queue behind a minute of backlog
+    assert abs(planned_primed / load - 1) < 0.05 and abs(planned_idle / load - 1) < 0.05
+    assert np.array_equal(SimulatedSteps(scn, Q_DEFAULT, prefix_s=0.0).ttfts(7, load)[0], v_idle)
