@@ -52,7 +52,8 @@ from loadgen.target.embedded import EmbeddedEngine  # noqa: E402
 
 
 class Progress:
-    """What ``measure_fixed`` shows: one line per window."""
+    """What ``measure_fixed`` shows (the runner's ``start_step`` and ``update``, its ``end_step``): one line
+    per window."""
 
     def __init__(self, total: int):
         self.total, self.done, self.t0 = total, 0, time.monotonic()
@@ -62,9 +63,6 @@ class Progress:
 
     def update(self, *_a) -> None:
         pass
-
-    def status(self, text: str) -> None:
-        print(f"  {text}", flush=True)
 
     def end_step(self, d: dict) -> None:
         self.done += 1
