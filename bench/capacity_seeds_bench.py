@@ -19,6 +19,11 @@ model decoding 32 sequences (``decode_step_ms``) and the median time of a fixed 
 is their spread over the runs ((max - min) / median of each run's before/after mean), to read beside the
 ratings' spread: a machine whose speed moves by 10 % between runs moves a rating at a throughput cliff too.
 
+``--pin ENGINE_CPU CLIENT_CPU`` runs the load generator (and its scraper) on one core and the embedded
+engine's server (both its processes, every thread) on another: ``taskset -c CLIENT_CPU`` for the command,
+and the engine's threads moved onto ENGINE_CPU as soon as they exist (checked every 0.2 s while the run
+lasts). Unpinned, the two share both cores as the OS schedules them, run by run.
+
 ``--summarize FILE`` recomputes those overall figures of a results file from the runs it holds (nothing is
 measured again) and writes them back.
 """
@@ -27,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -64,19 +71,42 @@ def probe() -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_seed(scenario: Path, seed: int, work: Path, index: int, sets: list[str]) -> dict:
+def pin_engine(parent: subprocess.Popen, cpu: int) -> None:
+    """Until ``parent`` ends: every thread of its descendants that run ``engine.server`` (the server and its
+    engine-core child) onto ``cpu``."""
+    import psutil
+
+    while parent.poll() is None:
+        try:
+            for child in psutil.Process(parent.pid).children(recursive=True):
+                with_engine = child if "engine.server" in " ".join(child.cmdline()) else None
+                for proc in [with_engine, *(with_engine.children(recursive=True) if with_engine else [])]:
+                    for thread in proc.threads() if proc else []:
+                        os.sched_setaffinity(thread.id, {cpu})
+        except (psutil.Error, OSError):
+            pass  # a process or thread that ended between the listing and the call
+        time.sleep(0.2)
+
+
+def run_seed(scenario: Path, seed: int, work: Path, index: int, sets: list[str],
+             pin: tuple[int, int] | None = None) -> dict:
     out = work / f"run-{index}-seed-{seed}"
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "loadgen.cli", "capacity", str(scenario), "--seed", str(seed),
-                        "--out", str(out), "--no-progress", "--no-report", *(a for kv in sets for a in ("--set", kv))],
-                       cwd=REPO, capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "loadgen.cli", "capacity", str(scenario), "--seed", str(seed),
+           "--out", str(out), "--no-progress", "--no-report", *(a for kv in sets for a in ("--set", kv))]
+    proc = subprocess.Popen((["taskset", "-c", str(pin[1])] if pin else []) + cmd, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = threading.Thread(target=pin_engine, args=(proc, pin[0]), daemon=True) if pin else None
+    if watcher:
+        watcher.start()
+    _stdout, stderr = proc.communicate()
     wall = time.monotonic() - t0
     if not (out / "summary.json").exists():
-        return {"seed": seed, "returncode": r.returncode, "wall_s": round(wall, 1), "error_text": r.stderr[-2000:]}
+        return {"seed": seed, "returncode": proc.returncode, "wall_s": round(wall, 1), "error_text": stderr[-2000:]}
     s = json.loads((out / "summary.json").read_text())
     rc = s.get("rated_capacity") or {}
     keep = ("rate_rps", "requested_rps", "estimate", "ci_low", "ci_high", "boundary", "binding", "confirmed")
-    return {"seed": seed, "returncode": r.returncode, "verdict": s.get("verdict"), "valid": s.get("valid"),
+    return {"seed": seed, "returncode": proc.returncode, "verdict": s.get("verdict"), "valid": s.get("valid"),
             "rated_capacity": {k: rc.get(k) for k in keep}, "steps": len(s.get("steps") or []),
             "phases": [st.get("phase") for st in s.get("steps") or []],
             "run_duration_s": s.get("duration_s"), "wall_s": round(wall, 1), "run_dir": str(out)}
@@ -94,6 +124,11 @@ def main() -> int:
                          "search.refine_steps=10); the goals are for the defaults")
     ap.add_argument("--probe", action="store_true",
                     help="measure the machine's speed (engine decode step, a Python loop) before and after each run")
+    ap.add_argument("--pin", type=int, nargs=2, metavar=("ENGINE_CPU", "CLIENT_CPU"),
+                    help="the embedded engine on one core, the load generator on another (see above)")
+    ap.add_argument("--alternate", action="store_true",
+                    help="with --pin: every seed twice in a row, pinned then not, so that both see the same "
+                         "machine (each run says whether it was pinned)")
     ap.add_argument("--summarize", type=Path, metavar="FILE",
                     help="recompute the overall figures of this results file from its runs, measure nothing")
     args = ap.parse_args()
@@ -102,10 +137,13 @@ def main() -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="capacity-seeds-"))
     work.mkdir(parents=True, exist_ok=True)
     runs = []
-    for index, seed in enumerate(args.seeds):
-        print(f"seed {seed}: slobench capacity {args.scenario} ...", flush=True)
+    plan = [(seed, pin) for seed in args.seeds
+            for pin in ([tuple(args.pin), None] if args.alternate and args.pin else [args.pin and tuple(args.pin)])]
+    for index, (seed, pin) in enumerate(plan):
+        print(f"seed {seed}{' pinned' if pin else ''}: slobench capacity {args.scenario} ...", flush=True)
         before = probe() if args.probe else None
-        runs.append(run_seed(args.scenario, seed, work, index, args.set))
+        runs.append(run_seed(args.scenario, seed, work, index, args.set, pin))
+        runs[-1]["pinned"] = list(pin) if pin else None
         if args.probe:
             runs[-1].update(probe_before=before, probe_after=probe())
         print("  " + json.dumps(runs[-1]), flush=True)
