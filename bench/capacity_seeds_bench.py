@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -134,11 +135,17 @@ def main() -> int:
     args = ap.parse_args()
     if args.summarize:
         return summarize(args.summarize)
+    if args.alternate and not args.pin:
+        ap.error("--alternate alternates pinned and unpinned runs: it needs --pin")
+    if args.pin and not shutil.which("taskset"):
+        ap.error("--pin needs taskset (util-linux)")
+    if args.pin and not set(args.pin) <= os.sched_getaffinity(0):
+        ap.error(f"--pin {args.pin[0]} {args.pin[1]}: this process may run on CPUs {sorted(os.sched_getaffinity(0))}")
     work = args.keep or Path(tempfile.mkdtemp(prefix="capacity-seeds-"))
     work.mkdir(parents=True, exist_ok=True)
     runs = []
     plan = [(seed, pin) for seed in args.seeds
-            for pin in ([tuple(args.pin), None] if args.alternate and args.pin else [args.pin and tuple(args.pin)])]
+            for pin in ([tuple(args.pin), None] if args.alternate else [args.pin and tuple(args.pin)])]
     for index, (seed, pin) in enumerate(plan):
         print(f"seed {seed}{' pinned' if pin else ''}: slobench capacity {args.scenario} ...", flush=True)
         before = probe() if args.probe else None
