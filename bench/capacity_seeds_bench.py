@@ -72,17 +72,19 @@ def probe() -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+ENGINE_MODULES = ("engine.server", "engine.engine_core")  # the embedded server's two processes (`-m MODULE`)
+
+
 def pin_engine(parent: subprocess.Popen, cpu: int) -> None:
-    """Until ``parent`` ends: every thread of its descendants that run ``engine.server`` (the server and its
-    engine-core child) onto ``cpu``."""
+    """Until ``parent`` ends: every thread of its descendants that run the engine's server (its front end
+    and its engine core) onto ``cpu``. psutil comes with locust."""
     import psutil
 
     while parent.poll() is None:
         try:
-            for child in psutil.Process(parent.pid).children(recursive=True):
-                with_engine = child if "engine.server" in " ".join(child.cmdline()) else None
-                for proc in [with_engine, *(with_engine.children(recursive=True) if with_engine else [])]:
-                    for thread in proc.threads() if proc else []:
+            for proc in psutil.Process(parent.pid).children(recursive=True):
+                if any(module in proc.cmdline() for module in ENGINE_MODULES):
+                    for thread in proc.threads():
                         os.sched_setaffinity(thread.id, {cpu})
         except (psutil.Error, OSError):
             pass  # a process or thread that ended between the listing and the call

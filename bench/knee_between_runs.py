@@ -1,15 +1,16 @@
 """Does a scenario's knee stay put from one run to the next? The windows' own noise against the runs' drift.
 
     python bench/knee_between_runs.py BATCH=FILE[:RUN,RUN...] [BATCH=FILE...] [--sims 2000]
+                                      [--design NAME=KEY=VALUE,... ...] [--scenario scenarios/chat.yaml]
                                       [--out bench/results/knee-between-runs.json]
 
 FILE is a ``bench/capacity_steps.py`` results file (every step of kept ``slobench capacity`` runs); a batch is
 the runs of one sitting (all of FILE's runs, or those named after the colon); a batch named twice pools its
 parts (e.g. several sittings' runs as ``all``). Nothing is measured here.
 
-1. **The windows.** Every counted bisection and confirmation step: its load (``placed_rps``, the rate its
-   arrivals offer over its planned window: where ``capacity.rating`` places it) and whether it passed. Ramp
-   steps are left out: far from the knee, they say nothing of where it is.
+1. **The windows.** Every counted step but the ramp's (bisection, confirmation, refine): its load
+   (``placed_rps``, the rate its arrivals offer over its planned window: where ``capacity.rating`` places it)
+   and whether it passed. Ramp steps are left out: far from the knee, they say nothing of where it is.
 2. **The model.** P(a window passes) = 1 / (1 + (load / K_run) ** b): one slope b for every run, one knee K_run
    (the load a window passes half the time) per run, by maximum likelihood on grids (log K in steps of
    0.2 %, b from 5 to 400 in steps of 5.7 %).
@@ -18,12 +19,11 @@ parts (e.g. several sittings' runs as ``all``). Nothing is measured here.
    (the machine, the engine process). The null hypothesis, that it does not move, is fitted (one knee, one
    slope for all the batch's windows) and simulated: every run gets that knee and slope, its windows are
    drawn again at the loads it measured (until some pass and some fail, as a search's always do), and the
-   knees are fitted again, ``--sims`` times. ``null_sd`` is
-   the spread that the windows' noise alone gives; ``p_null`` the share of simulations spreading as much as
-   the runs did; ``between_run_sd`` = sqrt(max(0, observed var - null var)), the knee's own movement from
-   run to run. The loads stay those the runs measured, although a search chooses its next load from the
-   windows before: the simulation keeps their design, not its adaptation.
-
+   knees are fitted again, ``--sims`` times. ``null_sd`` is the spread that the windows' noise alone gives;
+   ``p_null`` the share of simulations spreading as much as the runs did; ``between_run_sd`` =
+   sqrt(max(0, observed var - null var)), the knee's own movement from run to run. The loads stay those the
+   runs measured, although a search chooses its next load from the windows before: the simulation keeps
+   their design, not its adaptation.
 4. **Search designs on the fitted knee** (``--design NAME=KEY=VALUE,...``, repeatable; ``default`` is the
    scenario as it is): ``CapacitySearch`` with the scenario's settings and each design's ``--set``
    overrides, ``--sims`` runs each, on the first batch's fitted knee (its knees' geometric mean, its
@@ -51,8 +51,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench"))  # knee_windows: the step durations and spread figures it uses too
 
 from knee_windows import spread_figures, step_kinds  # noqa: E402
 
