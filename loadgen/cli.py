@@ -18,13 +18,14 @@
 ``run``, ``replay`` and ``capacity`` write a run folder: ``--out DIR`` names it, or ``--reports DIR``
 (default ``reports``) and ``--run-id ID`` (default timestamp-name) build ``DIR/ID``; ``--out`` with
 either of the others is a usage error. Bad input ends with a one-line error and exit code 2; a target
-that fails ends with exit code 1 after saving and summarising what was measured; Ctrl-C does the same
-with exit code 130.
+that fails ends with exit code 1 after saving and summarising what was measured; Ctrl-C or SIGTERM (a
+cancelled CI job, ``timeout``) does the same with exit code 130, and stops an embedded engine.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -146,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="exit codes: 0 a verdict (rated, never_broke, never_met); 1 the target failed; "
                               "2 bad input; 3 verdict invalid: it rests on a step whose load generator fell "
                               "behind, even after re-measuring it (the numbers are saved; do not trust them); "
-                              "130 Ctrl-C")
+                              "130 Ctrl-C or SIGTERM")
     p.add_argument("scenario", type=Path)
     p.add_argument("--target",
                    help="base URL of an OpenAI-compatible server (default: start the reference engine)")
@@ -285,6 +286,13 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
             "export-monitoring": cmd_export_monitoring, "experiments": cmd_experiments}
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM outside a run's event loop (starting an engine, preparing, writing a report) ends the command as
+    Ctrl-C does: clean-up runs (an embedded engine is stopped), exit 130. Inside a run's loop,
+    ``drivers.event_loop.STOP_SIGNALS`` stop the run gracefully instead."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -293,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return cmd_serve(argv[1:], _Parser)
         args = build_parser().parse_args(argv)
+        signal.signal(signal.SIGTERM, _terminated)
         return _commands()[args.cmd](args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from loadgen.drivers.base import Driver, Progress, connections_needed
-from loadgen.drivers.event_loop import now, run_sync
+from loadgen.drivers.event_loop import add_stop_handlers, now, remove_stop_handlers, run_sync
 from loadgen.drivers.factory import make_driver
 from loadgen.drivers.http_request import ClientConfig
 from loadgen.results import latency
@@ -127,7 +126,7 @@ async def _drive(specs: Sequence[RequestSpec], opts: RunOptions, req_path: Path,
         if opts.scrape:
             scraper = Scraper(opts.client.target, met_path)
             await loop.run_in_executor(None, scraper.start)
-        loop.add_signal_handler(signal.SIGINT, driver.stop, "interrupted (Ctrl-C)")
+        stop_handlers = add_stop_handlers(loop, driver.stop)
         display = RunDisplay(len(specs)) if opts.progress else None
         watcher = asyncio.ensure_future(_watch(driver, opts.watch, display))
         try:
@@ -138,7 +137,7 @@ async def _drive(specs: Sequence[RequestSpec], opts: RunOptions, req_path: Path,
             await driver.run(specs, t0=t0, stage=0, concurrency=opts.concurrency)
         finally:
             watcher.cancel()
-            loop.remove_signal_handler(signal.SIGINT)
+            remove_stop_handlers(loop, stop_handlers)
             await driver.close()
             if display:
                 display.update(driver.progress)

@@ -118,7 +118,8 @@ def test_the_time_budget_ends_the_search_with_what_it_measured(mock_server, tmp_
     assert s["search"]["max_duration_s"] == 8
 
 
-def test_ctrl_c_saves_the_finished_steps(mock_server, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_saves_the_finished_steps(mock_server, tmp_path, sig):
     url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
     scn = scenario(tmp_path, "{start: 2, growth: 2, max_load: 64, step_duration_s: 2, warmup_s: 0.5,"
                              " early_pass: false}")
@@ -130,13 +131,14 @@ def test_ctrl_c_saves_the_finished_steps(mock_server, tmp_path):
     while time.monotonic() < deadline and not (summary.exists() and json.loads(summary.read_text())["steps"]):
         time.sleep(0.2)
     time.sleep(0.5)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
     s = json.loads(summary.read_text())
     check_contract(s)
     assert s["interrupted"] and not s["complete"] and s["verdict_text"].startswith("INCOMPLETE")
+    assert s["stopped_early"] == ("interrupted (Ctrl-C)" if sig == signal.SIGINT else "interrupted (SIGTERM)")
     assert len(s["steps"]) >= 1 and all(st["passed"] for st in s["steps"])
     assert read_records(tmp_path / "run" / "requests.jsonl")
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import time
 from dataclasses import replace
 
 import pytest
 
 from engine.experiments.registry import EXPERIMENTS
+from loadgen import cli
 from loadgen.commands.common import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from loadgen.commands.experiments import cmd_experiments, register
 
@@ -140,3 +144,27 @@ def test_ctrl_c_saves_what_finished(tmp_path, monkeypatch):
     doc = json.loads((out / "experiments.json").read_text())
     assert doc["interrupted"] and [e["name"] for e in doc["experiments"]] == ["chunked-prefill"]
     assert (out / "experiments.html").exists()
+
+
+def test_sigterm_ends_the_command_as_ctrl_c_does(tmp_path, monkeypatch):
+    """`slobench` turns SIGTERM (a cancelled CI job, `timeout`) outside a run's loop into Ctrl-C's path: what
+    finished is saved, exit 130."""
+    def terminated(_params):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises in here
+        raise AssertionError("SIGTERM did not interrupt the experiment")
+
+    monkeypatch.setitem(EXPERIMENTS, "batch-fill", replace(EXPERIMENTS["batch-fill"], fn=terminated))
+    out = tmp_path / "run"
+    def left_to_default(*_):  # what the test sees if slobench installs no handler (the default would kill pytest)
+        raise AssertionError("slobench left SIGTERM to its default action")
+
+    previous = signal.signal(signal.SIGTERM, left_to_default)
+    try:
+        code = cli.main(["experiments", "chunked-prefill", "batch-fill", "--reduced", "--out", str(out),
+                         "--no-progress"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == EXIT_INTERRUPTED
+    doc = json.loads((out / "experiments.json").read_text())
+    assert doc["interrupted"] and [e["name"] for e in doc["experiments"]] == ["chunked-prefill"]

@@ -97,7 +97,8 @@ def test_target_dying_mid_run_saves_partial_records(mock_server, tmp_path):
     assert summary["requests"] == len(recs) and "stopped accepting connections" in summary["stopped_early"]
 
 
-def test_ctrl_c_ends_the_run_with_records_and_summary(mock_server, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_ends_the_run_with_records_and_summary(mock_server, tmp_path, sig):
     url = mock_server("--ttft-ms", 10, "--itl-ms", 100, "--tokens", 30)
     scn = tmp_path / "s.yaml"
     scn.write_text("workload: {input_len: 8, output_len: 30}\nload: {arrival: constant, rate: 10, requests: 300}\n")
@@ -108,7 +109,7 @@ def test_ctrl_c_ends_the_run_with_records_and_summary(mock_server, tmp_path):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not (req.exists() and req.stat().st_size > 0):
         time.sleep(0.1)
-    run.send_signal(signal.SIGINT)
+    run.send_signal(sig)
     out, err = run.communicate(timeout=60)
     assert run.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err

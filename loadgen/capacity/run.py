@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from loadgen.capacity import rating
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step, StepResult
 from loadgen.capacity.step import CapacityRunner
-from loadgen.drivers.event_loop import run_sync
+from loadgen.drivers.event_loop import add_stop_handlers, remove_stop_handlers, run_sync
 from loadgen.results.prefix_cache import prefix_cache_check
 from loadgen.results.rundir import METRICS, read_metrics, read_run_records, write_summary
 from loadgen.results.runmeta import now_iso, run_metadata
@@ -292,7 +291,7 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
          "search": dataclasses.asdict(plan.search), "step": dataclasses.asdict(plan.step),
          "request_fit": meta.get("request_fit")}, indent=2,
         default=str) + "\n")
-    loop.add_signal_handler(signal.SIGINT, runner.stop, "interrupted (Ctrl-C)")
+    stop_handlers = add_stop_handlers(loop, runner.stop)
     search = CapacitySearch(plan.search, refine_centre=lambda steps: rating.estimate(
         [step_entry(s) for s in steps], plan.search.axis))  # refine windows go to the estimate so far
     full_walls: list[float] = []  # steps that ran to their cap: what the next one may take (the time budget)
@@ -314,7 +313,7 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
             write_summary(run_dir, build_summary(plan, search.outcome(), meta=meta, duration_s=time.monotonic() - wall0,
                                           complete=False, stopped="in progress"))
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        remove_stop_handlers(loop, stop_handlers)
         await runner.close()
     outcome = search.outcome()
     summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,

@@ -3,8 +3,8 @@
 Exit codes (also in ``--help``, ``cli.py``): 0 with a verdict the steps support (rated,
 never_broke, never_met), 1 when the target failed, 2 for bad input (a UsageError, before an engine
 starts), 3 when the verdict is ``invalid`` (it rests on a step whose load generator fell behind even
-after its re-measures: the numbers are saved, but do not trust them), 130 on Ctrl-C; everything
-measured is saved either way."""
+after its re-measures: the numbers are saved, but do not trust them), 130 on Ctrl-C or SIGTERM;
+everything measured is saved either way."""
 
 from __future__ import annotations
 

@@ -101,8 +101,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
-    """Exit 0, or 1 when the target failed or no request succeeded, 130 on Ctrl-C; whatever was measured
-    is saved and summarised in every case."""
+    """Exit 0, or 1 when the target failed or no request succeeded, 130 on Ctrl-C or SIGTERM; whatever was
+    measured is saved and summarised in every case."""
     from loadgen.drivers.http_request import ClientConfig
     from loadgen.fixed_load import RunOptions, execute
     from loadgen.target.discovery import TargetError
