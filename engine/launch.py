@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 import time
@@ -49,8 +50,10 @@ async def serve(
     drain_timeout: float = 5.0,
     ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    parent_pid: int | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (or `stop` is set); a second signal skips the drain."""
+    """Serve until SIGINT/SIGTERM (or `stop` is set, or the process `parent_pid` is gone: `watch_parent`); a
+    second signal skips the drain."""
     app = build_app(engine, api_key)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
@@ -82,15 +85,29 @@ async def serve(
     logger.info("serving %s on http://%s:%d", engine.model_name, host, bound)
     if ready is not None:
         ready(bound)
+    watcher = asyncio.ensure_future(watch_parent(parent_pid, stop)) if parent_pid is not None else None
     try:
         await stop.wait()
         logger.info("shutting down")
         await site.stop()  # stop accepting connections
         await _drain(app[ENGINE_LOOP_KEY], 0.0 if signals > 1 else drain_timeout)
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await runner.cleanup()
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+async def watch_parent(parent_pid: int, stop: asyncio.Event, interval_s: float = 1.0) -> None:
+    """Set `stop` once this process's parent is no longer `parent_pid` (it died: the orphan was handed to
+    init or a subreaper). The parent's own pid, not whether that pid lives: a pid can be reused."""
+    while not stop.is_set():
+        if os.getppid() != parent_pid:
+            logger.warning("the process that started this server (pid %d) is gone: shutting down", parent_pid)
+            stop.set()
+            return
+        await asyncio.sleep(interval_s)
 
 
 def _event_loop_runner() -> Callable[[Any], Any]:
@@ -130,5 +147,6 @@ def run_server(args: argparse.Namespace) -> None:
         engine.max_model_len,
     )
     _event_loop_runner()(
-        serve(engine, args.host, args.port, args.api_key, drain_timeout=getattr(args, "drain_timeout", 5.0))
+        serve(engine, args.host, args.port, args.api_key, drain_timeout=getattr(args, "drain_timeout", 5.0),
+              parent_pid=getattr(args, "parent_pid", None))
     )

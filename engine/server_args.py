@@ -117,6 +117,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         "--switch-interval-ms", type=float, default=SWITCH_INTERVAL_MS, help="the GIL switch interval (ms)"
     )
     parser.add_argument(
+        "--parent-pid", type=int, default=None,
+        help="shut down (after the drain) once the process that started the server, PID, is gone: slobench "
+             "starts its embedded engine with it, in a session of its own, so that a load generator killed "
+             "outright (SIGKILL) does not leave the engine running",
+    )
+    parser.add_argument(
         "--engine-core", choices=["process", "thread"], default="process",
         help="process (default): the scheduler and model loop in an engine-core process of their own, apart "
              "from the HTTP front end; thread: both in one process (the engine on a thread)",

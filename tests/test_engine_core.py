@@ -113,6 +113,49 @@ def _core_pids(parent: int) -> list[int]:
     return pids
 
 
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "zombie" not in status.read_text()
+    except OSError:
+        return False
+
+
+# A stand-in for slobench's load generator: starts the server as EmbeddedEngine does (its own session, its pid
+# as --parent-pid), says the server's pid, and waits.
+PARENT = """
+import os, subprocess, sys
+server = subprocess.Popen([sys.executable, "-m", "engine.server", "--model", "tiny", "--port", sys.argv[1],
+                           "--parent-pid", str(os.getpid())], start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(server.pid, flush=True)
+server.wait()
+"""
+
+
+def test_the_server_shuts_down_once_the_process_that_started_it_is_gone():
+    """A load generator killed outright (SIGKILL) cannot stop its embedded engine, and the engine's own session
+    keeps every signal sent to the load generator's from it: with --parent-pid it notices and ends."""
+    port = free_port()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(port)], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, text=True)
+    server = int(parent.stdout.readline())
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", None, 120)
+        cores = _core_pids(server)
+        assert len(cores) == 1 and _alive(server)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 30
+        while (_alive(server) or _alive(cores[0])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server) and not _alive(cores[0])
+    finally:
+        for pid in [server, *_core_pids(server)]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_sigterm_stops_front_end_and_core():
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -5,8 +5,12 @@ scraper; and the mock's --metrics-flavor pages, whose exact observations give ex
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,7 +21,7 @@ from loadgen.report.health import health
 from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
 from loadgen.results.server_metrics import SGLANG, TGI, TRTLLM, VLLM, detect
 from loadgen.target.scrape import Scraper, find_metrics_page, is_prometheus, parse_metrics
-from tests.helpers import slobench
+from tests.helpers import ENV, REPO, slobench
 
 
 def hist(name: str, total: float, n: int, lab: str = "") -> dict[str, float]:
@@ -199,6 +203,47 @@ def test_scraper_finds_trtllm_prometheus_path(mock_server, tmp_path):
     cost = scrape_cost(lines)
     assert cost["path"] == "/prometheus/metrics"
     assert cost["notes"] == ["GET /metrics answered JSON, not Prometheus text: ignored"]
+
+
+# A stand-in for a load generator: starts a scraper, says its pid, and waits to be killed.
+SCRAPER_PARENT = """
+import sys, time
+from loadgen.target.scrape import Scraper
+scraper = Scraper(sys.argv[1], sys.argv[2], interval_s=0.1).start()
+scraper.go(time.monotonic())
+print(scraper.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_scraper_ends_once_the_process_that_started_it_is_gone(mock_server, tmp_path):
+    """A load generator killed outright (SIGKILL) cannot stop its scraper: the scraper notices and ends."""
+    url = mock_server()
+    out = tmp_path / "metrics.jsonl"
+    parent = subprocess.Popen([sys.executable, "-c", SCRAPER_PARENT, url, str(out)], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+
+    def alive() -> bool:
+        try:
+            return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+
+    try:
+        deadline = time.monotonic() + 10
+        while not (out.exists() and out.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alive()
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive()
+    finally:
+        if alive():
+            os.kill(pid, 9)
 
 
 def test_run_against_the_sglang_mock_names_its_breakdown(mock_server, tmp_path):

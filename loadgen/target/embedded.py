@@ -97,8 +97,10 @@ class EmbeddedEngine:
         self._log = None
 
     def start(self) -> str:
+        # --parent-pid: it shuts itself down should we die without stopping it (SIGKILL), as its own session
+        # keeps any signal sent to ours from it
         cmd = [sys.executable, "-m", self.module, "--host", "127.0.0.1", "--port", str(self.port),
-               *engine_args(self.options)]
+               "--parent-pid", str(os.getpid()), *engine_args(self.options)]
         if self.log_path is None:
             self.log_path = Path(os.devnull)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -107,14 +107,22 @@ def scrape_loop(target: str, out_path: str, t0, stop, interval_s: float = 1.0,
     """Scrape the target's Prometheus page (found first: ``find_metrics_page``) until ``stop`` (a
     multiprocessing Event) is set; one final scrape after it. With ``ready`` and ``go`` events, signal
     ready once imported and the page found, and wait for ``go``; ``t0`` is then read from a shared value
-    (the run start, known only then)."""
+    (the run start, known only then). Ends by itself once the process that started it is gone (killed
+    outright, it could not set ``stop``)."""
+    parent = os.getppid()
+
+    def orphaned() -> bool:  # the parent's pid, not whether it lives: a pid can be reused
+        return os.getppid() != parent
+
     with contextlib.suppress(OSError):  # not permitted: scrape at the normal priority
         os.nice(SCRAPER_NICE)
     url, note = find_metrics_page(target)
     where = {"path": url[len(target.rstrip("/")):], **({"note": note} if note else {})}
     if ready is not None:
         ready.set()
-        go.wait()
+        while not go.wait(1.0):
+            if orphaned():
+                return
     t0 = t0.value if hasattr(t0, "value") else t0
     stop.wait(max(0.0, t0 - time.monotonic()))  # first scrape at the run start
     k = 0
@@ -137,7 +145,7 @@ def scrape_loop(target: str, out_path: str, t0, stop, interval_s: float = 1.0,
                 line = {"t": round(t, 6), "error": f"{type(e).__name__}: {e}"}
             f.write(json.dumps(line, separators=(",", ":")) + "\n")
             f.flush()
-            if stopping:
+            if stopping or orphaned():
                 return
             k += 1
             stop.wait(max(0.0, t0 + k * interval_s - time.monotonic()))
@@ -163,6 +171,10 @@ class Scraper:
         self._proc.start()
         self._ready.wait(timeout)
         return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
 
     def go(self, t0: float) -> None:
         self._t0.value = t0
