@@ -57,4 +57,5 @@ def remove_stop_handlers(loop: asyncio.AbstractEventLoop, previous: dict) -> Non
     """The signals back to the handlers they had before ``add_stop_handlers``."""
     for sig, handler in previous.items():
         loop.remove_signal_handler(sig)
-        signal.signal(sig, handler)
+        if handler is not None:  # None: one set outside Python, which cannot be put back from here
+            signal.signal(sig, handler)
