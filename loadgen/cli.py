@@ -286,6 +286,12 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
             "export-monitoring": cmd_export_monitoring, "experiments": cmd_experiments}
 
 
+# The commands that measure, save as they go or start an engine: SIGTERM takes Ctrl-C's path there. The
+# others end at once on it, as a process does by default: nothing to save, and the mock server's graceful
+# close would wait on its clients' idle keep-alive connections.
+SIGTERM_AS_CTRL_C = frozenset({"run", "replay", "capacity", "calibrate", "plan", "experiments"})
+
+
 def _terminated(signum, frame) -> None:
     """SIGTERM outside a run's event loop (starting an engine, preparing, writing a report) ends the command as
     Ctrl-C does: clean-up runs (an embedded engine is stopped), exit 130. Inside a run's loop,
@@ -301,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return cmd_serve(argv[1:], _Parser)
         args = build_parser().parse_args(argv)
-        signal.signal(signal.SIGTERM, _terminated)
+        if args.cmd in SIGTERM_AS_CTRL_C:
+            signal.signal(signal.SIGTERM, _terminated)
         return _commands()[args.cmd](args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
