@@ -228,7 +228,8 @@ def main() -> int:
            "versions": versions(), "batches": args.batches,
            "sims": args.sims, "results": results,
            "designs": {"scenario": str(args.scenario), "batch": next(iter(batches)), "knee_rps": knee_rps,
-                       "slope_b": results[0]["slope_b"], "window_s": args.window_s, "simulated": simulated}}
+                       "slope_b": results[0]["slope_b"], "window_s": args.window_s, "start_s": args.start_s,
+                       "simulated": simulated}}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     for r in results:
         knees = " ".join(f"{v['knee_rps']:.1f}" for v in r["runs"].values())
