@@ -53,11 +53,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # knee_windows: the step durations and spread figures it uses too
 
-from knee_windows import spread_figures, step_kinds  # noqa: E402
+from knee_windows import duration, simulated_searches, spread_figures, step_kinds  # noqa: E402
 
 from loadgen.capacity.plan import CapacityPlan  # noqa: E402
-from loadgen.capacity.run import over_budget, rated_capacity  # noqa: E402
-from loadgen.capacity.search import CapacitySearch, StepResult  # noqa: E402
+from loadgen.capacity.run import rated_capacity  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 from loadgen.scenario.model import ScenarioError  # noqa: E402
 from loadgen.scenario.parse import load_scenario  # noqa: E402
@@ -142,30 +141,19 @@ def analyse(name: str, runs: dict[str, tuple[np.ndarray, np.ndarray]], sims: int
 def simulate_design(plan: CapacityPlan, knee_rps: float, b: float, kinds: dict, window_s: float, start_s: float,
                     sims: int, seed: int) -> dict:
     """The search on a knee that stays put (see the module's docstring, 4.)."""
-    rng = np.random.default_rng(seed)
+    def draw_step(rng, load, phase):
+        offered = rng.poisson(load * window_s) / window_s
+        passed = bool(rng.random() < 1.0 / (1.0 + (max(offered, 1e-9) / knee_rps) ** b))
+        dur, whole = duration(rng, kinds, phase, passed, plan.step.step_duration_s)
+        return passed, {"offered_rps": offered, "planned_rps": offered, "window_s": [0.0, window_s]}, dur, whole
+
     ratings, walls, ended = [], [], 0
-    for _ in range(sims):
-        search, elapsed, full = CapacitySearch(plan.search), start_s, []
-        while (nxt := search.next_step()) is not None:
-            if why := over_budget(plan, elapsed, full):
-                search.end(why)
-                break
-            load, phase = nxt
-            offered = rng.poisson(load * window_s) / window_s
-            passed = bool(rng.random() < 1.0 / (1.0 + (max(offered, 1e-9) / knee_rps) ** b))
-            pool = kinds[f"{'ramp' if phase == 'ramp' else 'search'}-{'pass' if passed else 'fail'}"]
-            dur, whole = pool[rng.integers(len(pool))]
-            elapsed += dur
-            if whole:
-                full.append(dur)
-            search.record(load, StepResult(passed, detail={"offered_rps": offered, "planned_rps": offered,
-                                                           "window_s": [0.0, window_s]}))
-        out = search.outcome()
+    for out, wall in simulated_searches(plan, start_s, sims, seed, draw_step):
         ended += out.ended_by is not None
         rc = rated_capacity(out, plan)
         if rc is not None and out.verdict == "rated":
             ratings.append(rc["rate_rps"] / knee_rps)
-        walls.append(elapsed)
+        walls.append(wall)
     figs = spread_figures(ratings, "rating")
     return {"rated": len(ratings), "rating_over_knee_median": figs["rating_median"], **{
         k: v for k, v in figs.items() if k != "rating_median"}, "wall_s_median": float(np.median(walls)),

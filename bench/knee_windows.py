@@ -34,6 +34,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,7 @@ from loadgen.capacity import rating  # noqa: E402
 from loadgen.capacity.crossing import isotonic, logistic_fit  # noqa: E402
 from loadgen.capacity.plan import CapacityPlan  # noqa: E402
 from loadgen.capacity.run import measure_fixed, over_budget, rated_capacity  # noqa: E402
-from loadgen.capacity.search import CapacitySearch, StepResult  # noqa: E402
+from loadgen.capacity.search import CapacitySearch, SearchOutcome, StepResult  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 from loadgen.scenario.parse import load_scenario  # noqa: E402
 from loadgen.target.embedded import EmbeddedEngine  # noqa: E402
@@ -131,10 +132,14 @@ def step_kinds(path: Path) -> dict[str, list[tuple[float, bool]]]:
     return kinds
 
 
-def simulate(plan: CapacityPlan, model: dict, kinds: dict, window_s: float, start_s: float, sims: int,
-             seed: int) -> dict:
+def simulated_searches(plan: CapacityPlan, start_s: float, sims: int, seed: int,
+                       draw_step: Callable[[np.random.Generator, float, str], tuple[bool, dict, float, bool]],
+                       ) -> list[tuple[SearchOutcome, float]]:
+    """``sims`` searches with the plan's settings, each (outcome, wall time): ``draw_step(rng, load, phase)``
+    draws a step (passed, its detail, its duration, whether it ran to its cap), the time budget applied as
+    ``capacity.run`` applies it, the clock starting at ``start_s`` (the engine's start-up)."""
     rng = np.random.default_rng(seed)
-    ratings, requested, walls, ended, steps = [], [], [], 0, []
+    out = []
     for _ in range(sims):
         search, elapsed, full = CapacitySearch(plan.search), start_s, []
         while (nxt := search.next_step()) is not None:
@@ -142,22 +147,39 @@ def simulate(plan: CapacityPlan, model: dict, kinds: dict, window_s: float, star
                 search.end(why)
                 break
             load, phase = nxt
-            passed = bool(rng.random() >= failing_probability(model, load))
-            pool = kinds.get(f"{'ramp' if phase == 'ramp' else 'search'}-{'pass' if passed else 'fail'}") or \
-                [(plan.step.step_duration_s, True)]
-            dur, whole = pool[rng.integers(len(pool))]
+            passed, detail, dur, whole = draw_step(rng, load, phase)
             elapsed += dur
             if whole:
                 full.append(dur)
-            offered = rng.poisson(load * window_s) / window_s
-            search.record(load, StepResult(passed, detail={"offered_rps": offered, "window_s": [0.0, window_s]}))
-        out = search.outcome()
+            search.record(load, StepResult(passed, detail=detail))
+        out.append((search.outcome(), elapsed))
+    return out
+
+
+def duration(rng: np.random.Generator, kinds: dict, phase: str, passed: bool,
+             default_s: float) -> tuple[float, bool]:
+    """A real step's duration of the kind (ramp or not, passed or not), and whether it ran to its cap."""
+    pool = kinds.get(f"{'ramp' if phase == 'ramp' else 'search'}-{'pass' if passed else 'fail'}") or \
+        [(default_s, True)]
+    return pool[rng.integers(len(pool))]
+
+
+def simulate(plan: CapacityPlan, model: dict, kinds: dict, window_s: float, start_s: float, sims: int,
+             seed: int) -> dict:
+    def draw_step(rng, load, phase):
+        passed = bool(rng.random() >= failing_probability(model, load))
+        dur, whole = duration(rng, kinds, phase, passed, plan.step.step_duration_s)
+        offered = rng.poisson(load * window_s) / window_s
+        return passed, {"offered_rps": offered, "window_s": [0.0, window_s]}, dur, whole
+
+    ratings, requested, walls, ended, steps = [], [], [], 0, []
+    for out, wall in simulated_searches(plan, start_s, sims, seed, draw_step):
         ended += out.ended_by is not None
         rc = rated_capacity(out, plan)
         if rc is not None and out.verdict == "rated":
             ratings.append(rc["rate_rps"])
             requested.append(out.rated_load)
-        walls.append(elapsed)
+        walls.append(wall)
         steps.append(len(out.steps))
     return {"sims": sims, "rated": len(ratings), **spread_figures(ratings, "rating"),
             **spread_figures(requested, "requested"),
