@@ -29,10 +29,10 @@ parts (e.g. several sittings' runs as ``all``). Nothing is measured here.
    overrides, ``--sims`` runs each, on the first batch's fitted knee (its knees' geometric mean, its
    within-run slope, the same for every run: the knee does not move). Each step's window offers a Poisson
    count at its load over ``--window-s`` and passes with the model's probability at that offered rate (a
-   window that drew more arrivals is likelier to fail); its duration is drawn from the batch's real steps of
-   its kind (``knee_windows.step_kinds``: ramp or not, passed or not, whole or stopped early), the time
-   budget applied as ``capacity.run`` applies it. Per design: the rating's median against the knee, its sd,
-   how often three runs are within 5 %, wall time.
+   window that drew more arrivals is likelier to fail); its duration is drawn from the real steps of its
+   kind in the first batch's files (``knee_windows.step_kinds``: ramp or not, passed or not, whole or stopped
+   early), the time budget applied as ``capacity.run`` applies it. Per design: the rating's median against
+   the knee, its sd, how often three runs are within 5 %, wall time.
 
 What the knee's movement means for the issue's goal of three ratings within 5 %: the range of three draws is
 about 1.7 sd, so a knee that moves by 2 % (sd) between runs spends two thirds of the 5 % on its own, before any
@@ -179,6 +179,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "knee-between-runs.json")
     args = ap.parse_args()
     batches: dict[str, dict] = {}
+    files: dict[str, list[Path]] = {}  # each batch's files: the designs' step durations are the first's
     for spec in args.batches:
         name, sep, rest = spec.partition("=")
         if not sep or not name:
@@ -188,6 +189,7 @@ def main() -> int:
             ap.error(f"{file}: no such file")
         runs = windows(Path(file), names.split(",") if names else None)
         batches.setdefault(name, {}).update({f"{Path(file).stem}/{k}": v for k, v in runs.items()})
+        files.setdefault(name, []).append(Path(file))
     too_few = [name for name, runs in batches.items() if len(runs) < 2]
     if too_few:
         ap.error(f"batch {', '.join(too_few)}: a spread needs at least two runs")
@@ -202,11 +204,9 @@ def main() -> int:
     except ScenarioError as e:
         ap.error(str(e))
     results = [analyse(name, runs, args.sims, args.seed) for name, runs in batches.items()]
-    first_files = [spec.partition("=")[2].partition(":")[0] for spec in args.batches
-                   if spec.partition("=")[0] == next(iter(batches))]
     kinds: dict[str, list] = {}
-    for file in dict.fromkeys(first_files):
-        for key, rows in step_kinds(Path(file)).items():
+    for file in dict.fromkeys(files[next(iter(batches))]):
+        for key, rows in step_kinds(file).items():
             kinds.setdefault(key, []).extend(rows)
     knee_rps = math.exp(float(np.mean([math.log(v["knee_rps"]) for v in results[0]["runs"].values()])))
     simulated = {name: {"set": designs[name], **simulate_design(plan, knee_rps, results[0]["slope_b"], kinds,

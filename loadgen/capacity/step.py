@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from loadgen.capacity.early_stop import StepLooks, step_length_s
+from loadgen.capacity.early_stop import Decision, StepLooks, step_length_s
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import StepResult
 from loadgen.capacity.steady import SteadyState
@@ -70,7 +70,7 @@ def injected_stall(index: int) -> tuple[float, float] | None:
     return None
 
 
-def record_decision(st: StepWindow, d, looks: StepLooks, final: bool = False) -> None:
+def record_decision(st: StepWindow, d: Decision | None, looks: StepLooks, final: bool = False) -> None:
     """What one look of ``looks`` (its decision ``d``, None: undecided) tells the step. Only the last look
     (``final``) of a step that ran to its cap makes it undecided; a look before a decision leaves the reason
     open."""
