@@ -2,7 +2,8 @@
 how accurate, how spread and how honest the rating and its interval are, free of machine noise.
 
     python bench/rating_simulation.py [--scenario scenarios/calibrate.yaml] [--runs 99] [--refine 10 20 40]
-                                      [--designs fresh common] [--prefix-s 0] [--no-floor]
+                                      [--designs fresh common] [--prefix-s 0] [--window-counts exact|drawn]
+                                      [--no-floor]
                                       [--out bench/results/rating-simulation.json]
 
 Each run is the real search (``CapacitySearch`` with the scenario's ``search`` section) and the real rating
@@ -13,7 +14,8 @@ stopping (every step runs its whole length), the steady-state warm-up, the clien
 (``search.arrivals``: ``fresh``, ``common``) run on the same seeds, and the fresh design again with
 ``--refine`` more windows at the estimate (``search.refine_steps``; ``refine`` in the file). ``--prefix-s``
 starts every step's window from the queue's steady state at its load instead of an idle queue: what the
-idle start costs.
+idle start costs. ``--window-counts drawn`` lets each window's arrival count be the process's own draw
+instead of exactly load x its length (``search.window_counts``): what the exact counts change.
 
 Per design: the error (rated / true - 1) of the search's pass end (``rate_rps``) and of the rating's
 ``estimate`` (mean, sd, the share within 3 %), the spread ((max - min) / median) of each run of three
@@ -130,11 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-s", type=float, default=0.0,
                     help="feed each step's queue this many seconds of its load first: windows from the queue's "
                          "steady state, not an idle one (default 0: as slobench's steps start)")
+    ap.add_argument("--window-counts", choices=("exact", "drawn"), default=None,
+                    help="search.window_counts for every run (default: the scenario's): each window's arrival "
+                         "count fixed at load x its length, or the process's own draw")
     ap.add_argument("--no-floor", action="store_true", help="skip the statistical floor (slow with --prefix-s)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "rating-simulation.json")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     scn = load_scenario(args.scenario)
+    if args.window_counts:
+        scn.search = dataclasses.replace(scn.search, window_counts=args.window_counts)
     q = QueueParams()
     qt = QueueTruth(scn, q, requests=50_000, seeds=4)
     truth = qt.capacity()
@@ -157,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"bench": "rating-simulation", "started_at": now_iso(), "git_commit": git_commit(), "machine": machine(),
               "versions": versions(), "scenario": str(args.scenario), "queue": q.as_dict(), "true_rps": truth,
               "step_duration_s": win.duration_s, "warmup_s": win.warmup_s, "prefix_s": args.prefix_s,
+              "window_counts": scn.search.window_counts,
               "runs": args.runs, "designs": designs, "refine": refine,
               "floor": None if args.no_floor else floor(win, truth, [4, 8, 12, 20, 40, 80, 160]),
               "steady_state_share_at_truth": float(np.mean(steady > win.threshold)),

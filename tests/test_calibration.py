@@ -231,3 +231,17 @@ def test_a_simulated_step_with_a_prefix_starts_from_the_queue_s_load_not_an_idle
     assert v_primed.min() > v_idle.max()  # the primed window's requests queue behind a minute of backlog
     assert abs(planned_primed / load - 1) < 0.05 and abs(planned_idle / load - 1) < 0.05
     assert np.array_equal(SimulatedSteps(scn, Q_DEFAULT, prefix_s=0.0).ttfts(7, load)[0], v_idle)
+
+
+def test_simulated_steps_count_their_arrivals_as_a_real_step_does():
+    """``search.window_counts: exact``: every simulated window offers exactly its load, as a real step's does;
+    drawn (the default): the draw's own count, off the load by the Poisson noise."""
+    from loadgen.capacity.truth import SimulatedSteps
+    from loadgen.scenario.parse import load_scenario
+
+    path = REPO / "scenarios" / "calibrate.yaml"
+    exact = SimulatedSteps(load_scenario(path, ["search.window_counts=exact"]), Q_DEFAULT)
+    drawn = SimulatedSteps(load_scenario(path), Q_DEFAULT)
+    assert [exact.ttfts(seed, 30.0)[1] for seed in range(5)] == pytest.approx([30.0] * 5, rel=1e-9)
+    planned = [drawn.ttfts(seed, 30.0)[1] for seed in range(5)]
+    assert len(set(planned)) == 5 and all(abs(p / 30.0 - 1) < 0.15 for p in planned)

@@ -34,6 +34,29 @@ def test_fresh_draws_differ_and_draw_zero_is_common(tmp_path):
         step_specs(scn, "rate", 10, 0, 0.0, 10.0, draw=-1)
 
 
+def test_exact_window_counts_offer_the_step_s_load_whichever_mark_the_warm_up_ends_at(tmp_path):
+    """``search.window_counts: exact``: a capacity step's arrivals are counted exactly at every time its warm-up
+    may end and at its planned end, so every window the warm-up can leave offers exactly the step's load; the
+    default (drawn) leaves the count to the draw, and a closed-loop search has no schedule to count."""
+    from loadgen.capacity.plan import CapacityPlan
+
+    base = ("name: w\nseed: 4\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
+            "search: {step_duration_s: 20, warmup_s: 3%s}\n")
+    p = tmp_path / "s.yaml"
+    p.write_text(base % ", window_counts: exact")
+    plan = CapacityPlan.from_scenario(load_scenario(p))
+    assert plan.count_marks == (3.0, 4.0, 5.0, 6.0, 20.0)
+    for draw in (1, 2, 3):
+        t = np.array([s.arrival_s for s in step_specs(plan.scenario, "rate", 53.8, 5, 0.0, 20.0, draw=draw,
+                                                      exact_at=plan.count_marks)])
+        for w0 in plan.count_marks[:-1]:
+            assert int(((t >= w0) & (t < 20.0)).sum()) == round(53.8 * 20.0) - round(53.8 * w0)
+    p.write_text(base % "")
+    assert CapacityPlan.from_scenario(load_scenario(p)).count_marks == ()
+    p.write_text(base % ", window_counts: exact, axis: concurrency")
+    assert CapacityPlan.from_scenario(load_scenario(p)).count_marks == ()
+
+
 def test_a_trace_draw_is_the_next_slice_of_its_rows(tmp_path):
     rng = np.random.default_rng(0)
     t = np.cumsum(rng.exponential(1.0, 400))

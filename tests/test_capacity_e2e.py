@@ -104,6 +104,22 @@ def test_target_too_fast_never_broke_and_records_have_stages(mock_server, tmp_pa
     assert all(x["status"] == "ok" for x in recs)
 
 
+def test_exact_window_counts_send_each_step_s_load_exactly_up_to_every_mark(mock_server, tmp_path):
+    """``search.window_counts: exact``: each step schedules exactly load x mark requests before each of its
+    marks (the warm-up's possible ends, 0.5 and 1 s here, and the step's end), so its window offers its load."""
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
+    scn = scenario(tmp_path, "{start: 6, growth: 2, max_load: 24, step_duration_s: 2.5, warmup_s: 0.5,"
+                             " early_pass: false, window_counts: exact}")
+    r = slobench("capacity", scn, "--target", url, "--out", tmp_path / "run", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(r.stdout)
+    assert s["search"]["window_counts"] == "exact" and [st["load"] for st in s["steps"]] == [6, 12, 24]
+    recs = read_records(tmp_path / "run" / "requests.jsonl")
+    for st in s["steps"]:
+        at = [x["scheduled_s"] - st["start_s"] for x in recs if x["stage"] == st["index"]]
+        assert [sum(t < m for t in at) for m in (0.5, 1.0, 2.5)] == [round(st["load"] * m) for m in (0.5, 1.0, 2.5)]
+
+
 def test_the_time_budget_ends_the_search_with_what_it_measured(mock_server, tmp_path):
     """A ramp from 5 to 160 req/s needs six 2.5 s steps; an 8 s budget stops it sooner, still a verdict."""
     url = mock_server("--ttft-ms", 5, "--itl-ms", 1)

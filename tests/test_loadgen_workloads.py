@@ -33,6 +33,33 @@ def test_schedules_are_reproducible_from_the_seed():
     assert [(s.prompt, s.max_tokens, s.tier) for s in s1] == [(s.prompt, s.max_tokens, s.tier) for s in s2]
 
 
+@pytest.mark.parametrize("kind", ["poisson", "gamma", "constant"])
+def test_exact_counts_hold_at_every_mark_and_the_schedule_does_not_depend_on_its_length(kind):
+    a = Arrivals(kind, rate=55.0, burstiness=0.5)
+    marks = (3.0, 4.0, 5.0, 6.0, 20.0)
+    t = a.times(duration_s=30.0, seed=3, exact_at=marks)
+    assert [int((t < m).sum()) for m in marks] == [round(55.0 * m) for m in marks]
+    assert np.all(np.diff(t) >= 0) and t[-1] < 30.0
+    longer = a.times(duration_s=80.0, seed=3, exact_at=marks)  # a lengthened step sends the same first 30 s
+    np.testing.assert_array_equal(longer[:len(t)], t)
+    assert int((longer < 30.0).sum()) == len(t)
+    with pytest.raises(ValueError, match="marks must be > 0"):
+        a.times(duration_s=10.0, exact_at=(0.0, 5.0))
+
+
+def test_exact_poisson_counts_spread_evenly_between_marks_and_run_free_after_the_last():
+    """Between two marks: the Poisson process conditioned on its count (uniform over the stretch); after the
+    last mark the count is the process's own again."""
+    runs = [Arrivals("poisson", rate=50.0).times(duration_s=20.0, seed=s, exact_at=(10.0,)) for s in range(200)]
+    assert {int((t < 10.0).sum()) for t in runs} == {500}
+    hist = np.histogram(np.concatenate([t[t < 10.0] for t in runs]), bins=10, range=(0.0, 10.0))[0]
+    assert hist.min() > 0.95 * hist.mean() and hist.max() < 1.05 * hist.mean(), hist
+    after = np.array([int((t >= 10.0).sum()) for t in runs])
+    assert after.mean() == pytest.approx(500, rel=0.02) and after.std() == pytest.approx(np.sqrt(500), rel=0.2)
+    drawn = [int((Arrivals("poisson", rate=50.0).times(duration_s=10.0, seed=s) < 10.0).sum()) for s in range(20)]
+    assert len(set(drawn)) > 10  # without marks the count is drawn
+
+
 def test_constant_and_duration_bounded_schedules():
     t = Arrivals("constant", rate=4.0).times(duration_s=10.0)
     np.testing.assert_allclose(t, np.arange(40) * 0.25)

@@ -68,6 +68,7 @@ MISTAKES = [
     # 4 a value outside its choices
     (with_("search.axis", "tokens"), "search.axis", ["expected one of rate, concurrency", "found 'tokens'"]),
     (with_("search.arrivals", "sometimes"), "search.arrivals", ["expected one of fresh, common", "found 'sometimes'"]),
+    (with_("search.window_counts", "fixed"), "search.window_counts", ["expected one of drawn, exact", "found 'fixed'"]),
     (with_("search.refine_steps", -2), "search.refine_steps", ["expected a value >= 0", "found -2"]),
     # 5 a growth factor that never grows
     (with_("search.growth", 1), "search.growth", ["expected a factor > 1", "found 1.0"]),

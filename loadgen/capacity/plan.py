@@ -40,6 +40,18 @@ class CapacityPlan:
         return max(2.0, 2.0 * worst)
 
     @property
+    def count_marks(self) -> tuple[float, ...]:
+        """Where a rate step's arrival count is exact (``search.window_counts: exact``; ``Arrivals.times``):
+        every time its warm-up may end (``capacity.steady`` checks at the floor and every interval after it, up
+        to the cap) and its planned end, so that whichever window the warm-up leaves offers the step's load."""
+        if self.closed or self.search.window_counts != "exact":
+            return ()
+        o = self.step
+        marks = [o.warmup_s + k * o.steady_interval_s for k in range(int((o.max_warmup_s - o.warmup_s)
+                                                                          / o.steady_interval_s) + 1)]
+        return tuple(sorted({m for m in [*marks, o.max_warmup_s, o.step_duration_s] if m > 0}))
+
+    @property
     def closed(self) -> bool:
         return self.search.axis == "concurrency"
 

@@ -170,9 +170,10 @@ class CapacityRunner:
         dur = plan.step.step_duration_s  # the cap: a step decided sooner stops sending then
         if not plan.closed and phase != "ramp" and plan.step.max_step_duration_s > dur:  # enough per tier?
             longest = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, plan.step.max_step_duration_s,
-                                 draw=draw)
+                                 draw=draw, exact_at=plan.count_marks)
             dur = step_length_s(plan, [(s.arrival_s, s.tier or "none") for s in longest])
-        specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur, draw=draw)  # before the clock
+        specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur, draw=draw,
+                           exact_at=plan.count_marks)  # before the clock
         if self.prepared is not None:
             self.prepared.adapt(specs)  # text prompts for a target that takes only text
         self.sharing.add(specs)

@@ -130,15 +130,17 @@ def check_scenario(scn: Scenario) -> None:
                 raise TruthError(f"calibration knows {', '.join(METRICS)}; not the SLO metric {s.metric}")
 
 
-def _arrivals(scn: Scenario) -> Arrivals:
+def _arrivals(scn: Scenario, rate: float = 1.0) -> Arrivals:
     a = scn.arrivals
-    return Arrivals(a.kind if a else "poisson", rate=1.0, burstiness=a.burstiness if a else 1.0)
+    return Arrivals(a.kind if a else "poisson", rate=rate, burstiness=a.burstiness if a else 1.0)
 
 
-def draw(scn: Scenario, seed: int, n: int | None = None, duration_s: float | None = None, chunk: int = 4096) -> Draw:
-    """``n`` requests (or those within ``duration_s``) of the scenario's workload at rate 1, for one seed.
-    The prompts are drawn ``chunk`` requests at a time and only their lengths kept."""
-    times = _arrivals(scn).times(n=n, duration_s=duration_s, seed=seed)
+def draw(scn: Scenario, seed: int, n: int | None = None, duration_s: float | None = None, chunk: int = 4096,
+         rate: float = 1.0, exact_at: tuple[float, ...] = ()) -> Draw:
+    """``n`` requests (or those within ``duration_s``) of the scenario's workload at ``rate`` (1: a pattern
+    to scale), for one seed, counted exactly at ``exact_at`` (``Arrivals.times``). The prompts are drawn
+    ``chunk`` requests at a time and only their lengths kept."""
+    times = _arrivals(scn, rate).times(n=n, duration_s=duration_s, seed=seed, exact_at=exact_at)
     n_in, n_out, tiers = [], [], []
     for k, i in enumerate(range(0, len(times), chunk)):
         for sp in scn.synthetic.generate(times[i:i + chunk], seed=seed * 7919 + k + 1):
@@ -253,14 +255,18 @@ class SimulatedSteps:
     """Capacity-search steps computed, not measured: the mock's queue fed one arrival draw from empty for
     the scenario's ``step_duration_s``, the requests scheduled in its first ``warmup_s`` not judged, judged
     on the scenario's first SLO, runs of exceedances counted as a step counts them (``decluster_run``).
-    What it leaves out of a real step: early stopping, the adaptive warm-up, the client. ``prefix_s`` > 0
+    What it leaves out of a real step: early stopping, the adaptive warm-up, the client. Its arrivals are
+    counted as a real step's are (``CapacityPlan.count_marks``: exact counts, ``search.window_counts``).
+    ``prefix_s`` > 0
     feeds the queue that many seconds of the same load before the step (a window from the queue's steady
     state instead of an idle one: what an idle start costs the rating, ``bench/rating_simulation.py``)."""
 
     def __init__(self, scn: Scenario, q: QueueParams, prefix_s: float = 0.0):
         check_scenario(scn)
-        step = CapacityPlan.from_scenario(scn).step
+        plan = CapacityPlan.from_scenario(scn)
+        step = plan.step
         self.scn, self.q, self.prefix_s = scn, q, prefix_s
+        self.marks = tuple(prefix_s + m for m in plan.count_marks)  # the prefix's own count is exact too
         self.duration_s, self.warmup_s, self.decluster_run = step.step_duration_s, step.warmup_s, step.decluster_run
         slo = next(s for ss in scn.slos().values() for s in ss)
         self.threshold, self.quantile = slo.threshold_ms, slo.quantile
@@ -269,8 +275,12 @@ class SimulatedSteps:
     def ttfts(self, seed: int, rate: float) -> tuple[np.ndarray, float]:
         """The judged requests' TTFTs (ms) of draw ``seed`` at ``rate``, and the rate they were planned at."""
         end = self.prefix_s + self.duration_s
-        d = draw(self.scn, seed, duration_s=end * rate + 50)
-        a = d.arrive / rate
+        if self.marks:  # counts fixed at rate x mark: drawn at the rate itself (such a pattern does not scale)
+            d = draw(self.scn, seed, duration_s=end, rate=rate, exact_at=self.marks)
+            a = d.arrive
+        else:
+            d = draw(self.scn, seed, duration_s=end * rate + 50)
+            a = d.arrive / rate
         n = int(np.searchsorted(a, end))
         v = latencies(a[:n], d.n_in[:n], d.n_out[:n], self.q)["ttft_ms"]
         judged = a[:n] >= self.prefix_s + self.warmup_s

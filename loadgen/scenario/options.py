@@ -13,6 +13,7 @@ from loadgen.results.sequential import SPENDING
 
 AXES = ("rate", "concurrency")
 ARRIVAL_DESIGNS = ("fresh", "common")  # search.arrivals: each step's own draw, or one draw for every step
+WINDOW_COUNTS = ("drawn", "exact")  # search.window_counts: a window offers its draw's count, or exactly its load
 
 
 @dataclass(slots=True)
@@ -28,6 +29,7 @@ class SearchConfig:
     max_load: float | None = None  # default: start * growth**(max_steps - 1)
     interpolate: bool = True  # false position on the SLO margins; False: plain bisection
     arrivals: str = "fresh"  # fresh: every step its own arrival draw | common: one draw scaled to every step
+    window_counts: str = "drawn"  # drawn: the arrival process's own count | exact: load x the window's length
     refine_steps: int = 0  # windows at the rating's estimate after the bracket, for its fit only (phase refine)
     max_duration_s: float | None = None  # the run's time budget: no step starts that would end past it (capacity.run)
 
@@ -36,6 +38,8 @@ class SearchConfig:
             raise ValueError(f"axis must be one of {', '.join(AXES)}, got {self.axis!r}")
         if self.arrivals not in ARRIVAL_DESIGNS:
             raise ValueError(f"arrivals must be one of {', '.join(ARRIVAL_DESIGNS)}, got {self.arrivals!r}")
+        if self.window_counts not in WINDOW_COUNTS:
+            raise ValueError(f"window_counts must be one of {', '.join(WINDOW_COUNTS)}, got {self.window_counts!r}")
         if not self.start > 0 or not self.growth > 1 or not self.tolerance > 0 or self.max_steps < 1:
             raise ValueError("need start > 0, growth > 1, tolerance > 0 and max_steps >= 1")
         if self.refine_steps < 0:

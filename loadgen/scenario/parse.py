@@ -14,7 +14,7 @@ import yaml
 from loadgen.results.latency import LATENESS_BOUND_MS
 from loadgen.scenario.engine_options import parse_engine_options
 from loadgen.scenario.model import ENDPOINTS, SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
-from loadgen.scenario.options import ARRIVAL_DESIGNS, AXES, SPENDING, SearchConfig, StepOptions
+from loadgen.scenario.options import ARRIVAL_DESIGNS, AXES, SPENDING, WINDOW_COUNTS, SearchConfig, StepOptions
 from loadgen.scenario.schema import MappingNode
 from loadgen.workload.arrivals import KINDS as ARRIVAL_KINDS
 from loadgen.workload.arrivals import Arrivals
@@ -199,6 +199,7 @@ def _parse_search(node: MappingNode) -> tuple[SearchConfig, StepOptions]:
               min_load=node.get("min_load", (float, type(None)), None, positive=True),
               max_load=node.get("max_load", (float, type(None)), None, positive=True),
               arrivals=node.get("arrivals", str, "fresh", choices=ARRIVAL_DESIGNS),
+              window_counts=node.get("window_counts", str, "drawn", choices=WINDOW_COUNTS),
               refine_steps=node.get("refine_steps", int, 0, min_value=0),
               max_duration_s=node.get("max_duration_s", (float, type(None)), None, positive=True))
     node.check_unknown()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -38,10 +39,12 @@ def arrival_seed(seed: int, draw: int) -> int:
 
 
 def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float,
-               duration_s: float, draw: int = 0) -> list[RequestSpec]:
+               duration_s: float, draw: int = 0, exact_at: Sequence[float] = ()) -> list[RequestSpec]:
     """The requests of one step, arrival times offset to ``start_s`` on the run's clock. Closed loop
     (``axis == 'concurrency'``): enough requests for ``load`` users for the whole step, in order.
-    ``draw``: which arrival pattern (0: the common one; see the module's docstring)."""
+    ``draw``: which arrival pattern (0: the common one; see the module's docstring). ``exact_at``: times
+    from the step's start where exactly load x time requests have arrived (synthetic open-loop arrivals:
+    ``Arrivals.times``; a trace keeps its own timestamps)."""
     seed = scn.seed * 1000 + index + 1  # fresh prompts per step; arrivals use scn.seed (common numbers)
     if draw < 0:
         raise ValueError(f"draw must be >= 0, got {draw}")
@@ -49,7 +52,7 @@ def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float
         if axis == "rate":
             a = scn.arrivals if scn.arrivals and not scn.arrivals.closed else None
             arr = Arrivals(a.kind if a else "poisson", rate=load, burstiness=a.burstiness if a else 1.0)
-            times = arr.times(duration_s=duration_s, seed=arrival_seed(scn.seed, draw))
+            times = arr.times(duration_s=duration_s, seed=arrival_seed(scn.seed, draw), exact_at=exact_at)
         else:
             times = np.zeros(int(load * duration_s * 25) + 50)
         specs = scn.synthetic.generate(times, seed=seed)
