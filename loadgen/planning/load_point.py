@@ -91,7 +91,8 @@ def quick_rated(scn: Scenario, eng: EngineShape, model: LinearStep, slos: dict[s
     return pred.rated_capacity(max(0.05 / max(one, 1e-6), 0.1), rel_tol=0.03)
 
 
-async def _send(cfg: ClientConfig, specs: list[RequestSpec], path: Path) -> None:
+async def send_open_loop(cfg: ClientConfig, specs: list[RequestSpec], path: Path) -> None:
+    """Send ``specs`` open loop (one aiohttp driver, warmed up), their records to ``path``."""
     with RecordWriter(path) as writer:
         driver = make_driver("aiohttp", cfg, writer)
         try:
@@ -192,7 +193,7 @@ def run_load_point(target: str, scn: Scenario, eng: EngineShape, model: LinearSt
     path.unlink(missing_ok=True)
     if on_start is not None:
         on_start(index, rate, len(specs))
-    run_sync(lambda: _send(cfg, specs, path))
+    run_sync(lambda: send_open_loop(cfg, specs, path))
     measured, source = service_s(list(read_records(path)), [s.id for s in specs])
     if np.count_nonzero(~np.isnan(measured)) < 10:
         raise ValueError(f"the load point at {rate:.3g} req/s got fewer than 10 answers")
