@@ -153,3 +153,58 @@ def test_mock_server_health_and_models(mock_server):
     url = mock_server()
     with urllib.request.urlopen(url + "/v1/models") as r:
         assert json.load(r)["data"][0]["id"] == "mock"
+
+
+SHARDED_PARENT = """
+import asyncio, multiprocessing, sys, time
+from loadgen.drivers.base import Progress
+from loadgen.drivers.http_request import ClientConfig
+from loadgen.drivers.sharded import ShardedReplayer
+from loadgen.workload.specs import RequestSpec
+
+class Sink:
+    def write(self, rec):
+        pass
+
+async def main():
+    rep = ShardedReplayer(ClientConfig(sys.argv[1], model="mock"), Sink(), 2, Progress())
+    await rep.open()
+    print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+    specs = [RequestSpec(id=str(i), prompt="hi", max_tokens=4, arrival_s=0.1 * i) for i in range(1200)]
+    await rep.run(specs, t0=time.monotonic(), stage=0)
+
+asyncio.run(main())
+"""
+
+
+def test_sharded_workers_end_once_the_process_that_started_them_is_gone(mock_server, tmp_path):
+    """A load generator killed outright (SIGKILL) cannot tell its replayer workers to stop, and daemon processes
+    are only ended by a parent that exits normally: the workers notice, stop sending and end."""
+    import os
+    from pathlib import Path
+
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
+    parent = subprocess.Popen([sys.executable, "-c", SHARDED_PARENT, url], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in parent.stdout.readline().split()]
+
+    def alive(pid: int) -> bool:
+        try:
+            return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+
+    try:
+        assert len(pids) == 2
+        time.sleep(1.5)  # the workers are sending the schedule (two minutes of it)
+        assert all(alive(p) for p in pids)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in pids)
+    finally:
+        for p in pids:
+            if alive(p):
+                os.kill(p, 9)

@@ -6,13 +6,16 @@ round-robin (``specs[i::N]``; a conversation with real history stays whole in on
 system-wide) and one ``t0``, so their requests interleave as the single schedule says. Each finished
 record comes back to this process through a queue and goes into the run's sink, like the in-process
 replayer's. The workers live from ``open()`` to ``close()``, so a capacity search pays for their start
-once. Ctrl-C belongs to the parent: workers ignore it and are told to stop through events.
+once. Ctrl-C belongs to the parent: workers ignore it and are told to stop through events. A worker whose
+parent is gone (killed outright: it could tell nobody) stops sending and ends by itself within
+``ORPHAN_CHECK_S``; daemon processes are only ended by a parent that exits normally.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import queue
 import signal
 from collections.abc import Iterable
@@ -30,6 +33,8 @@ from loadgen.workload.specs import RequestSpec
 
 START_TIMEOUT_S = 120.0
 COUNTERS = 2  # per worker in the shared array: sent, in flight
+ORPHAN_CHECK_S = 0.5  # how often an idle worker looks whether its parent is still there
+ORPHANED = "the process that started this worker is gone"
 
 
 class _QueueSink:
@@ -48,6 +53,20 @@ def worker_main(index: int, cfg: ClientConfig, commands: Any, out: Any, counters
     connections (reported as ``("warm", index, None)``), ``(specs, t0, stage, concurrency, until_s)`` runs
     a shard (reported as ``("done", index, abort_reason)``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us through stop_now
+    parent = os.getppid()
+
+    def orphaned() -> bool:  # the parent's pid, not whether it lives: a pid can be reused
+        return os.getppid() != parent
+
+    def next_command() -> Any:
+        """The parent's next command; None (the end) once the parent is gone."""
+        while not orphaned():
+            try:
+                return commands.get(timeout=ORPHAN_CHECK_S)
+            except queue.Empty:
+                continue
+        out.cancel_join_thread()  # nobody reads what is still queued: do not wait on it at exit
+        return None
 
     async def main() -> None:
         prog = Progress()
@@ -56,7 +75,7 @@ def worker_main(index: int, cfg: ClientConfig, commands: Any, out: Any, counters
         loop = asyncio.get_running_loop()
         out.put(("ready", index, None))
         try:
-            while (cmd := await loop.run_in_executor(None, commands.get)) is not None:
+            while (cmd := await loop.run_in_executor(None, next_command)) is not None:
                 if cmd[0] == "warm":
                     await rep.warm_up(cmd[1])
                     out.put(("warm", index, None))
@@ -69,6 +88,8 @@ def worker_main(index: int, cfg: ClientConfig, commands: Any, out: Any, counters
                         counters[index * COUNTERS: index * COUNTERS + COUNTERS] = [prog.sent, prog.in_flight]
                         if stop_now.is_set():
                             rep.stop("stopped")
+                        elif orphaned():
+                            rep.stop(ORPHANED)
                         elif stop_sending.is_set():
                             rep.stop_sending()
                         await asyncio.sleep(0.05)
