@@ -1,11 +1,13 @@
 """End to end: the slobench CLI against the mock server (and a target that dies mid-run)."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -180,9 +182,6 @@ asyncio.run(main())
 def test_sharded_workers_end_once_the_process_that_started_them_is_gone(mock_server, tmp_path):
     """A load generator killed outright (SIGKILL) cannot tell its replayer workers to stop, and daemon processes
     are only ended by a parent that exits normally: the workers notice, stop sending and end."""
-    import os
-    from pathlib import Path
-
     url = mock_server("--ttft-ms", 5, "--itl-ms", 1)
     parent = subprocess.Popen([sys.executable, "-c", SHARDED_PARENT, url], cwd=REPO, env=ENV,
                               stdout=subprocess.PIPE, text=True)
