@@ -9,10 +9,10 @@ schedule: each of N users sends its next request when its previous one ends.
 process's own gaps, scaled to fit their count: for Poisson that is the process conditioned on its count
 (the arrivals uniform over the stretch), for gamma its gaps' shape with the count fixed, for constant the
 even spacing. After the last mark the process runs free. Why: a drawn Poisson count over a 16 s window at
-55 req/s is off by 3.5 % (sd), and a capacity search that reports the offered rate carries that noise into
-its rating. The price: a window whose count cannot run high misses some of the bursts that make a Poisson
-p99, so it passes at loads a free process would fail (``search.window_counts``, off by default; what it
-changes is measured in the README).
+55 req/s is off by 3.4 % (sd: 1 / sqrt(880)), and a capacity search that reports the offered rate carries
+that noise into its rating. The price: a window whose count cannot run high misses some of the bursts that
+make a Poisson p99, so it passes at loads a free process would fail (``search.window_counts``, off by default;
+what it changes is measured in the README).
 """
 
 from __future__ import annotations
