@@ -13,10 +13,14 @@
    predictor x (``capacity.crossing.logistic_fit``), with its log-likelihood: the larger, the better x
    separates the passing windows from the failing ones. ``None`` where the windows separate completely
    (no finite slope).
-4. **What longer windows should rate, if the busiest B seconds decide.** With the best burst predictor's
-   half-fail rate R (a window fails when its busiest B seconds exceed R), the Poisson rate at which half of
-   the windows of each ``--window-lengths`` pass, by simulation, and their ratio to the first: to read beside
-   the ratings of 20 s and 40 s steps (``capacity-seeds-40s-steps.json`` and the default runs).
+4. **What longer windows should rate**, under two models, each as the load at which half of the windows of
+   each ``--window-lengths`` pass and its ratio to the first length's:
+   - ``bursts``: a window fails when its busiest B seconds exceed R (the best burst predictor's half-fail
+     rate), by simulation of Poisson arrivals;
+   - ``excursions``: failures are events that come independently in time at a rate that grows with the load,
+     so a window of length L passes with P(pass at the measured length) ^ (L / measured length), P from the
+     offered-rate fit.
+   To read beside the ratings of 20 s and 40 s steps (``capacity-seeds-40s-steps.json`` and the default runs).
 
 ``--from FILE`` re-analyses a results file's windows (nothing is measured again).
 """
@@ -161,14 +165,24 @@ def main() -> int:
     for b in rows[0]["local_rps"]:
         fits[f"local_{b}"] = fit([r["local_rps"][b] for r in rows], failed)
     local = {k: v for k, v in fits.items() if k.startswith("local_") and v["log_likelihood"] is not None}
-    prediction = None
+    measured_s = float(np.median([r["window_s"] for r in rows]))
+    prediction: dict = {"measured_window_s": measured_s, "bursts": None, "excursions": None}
+    off = fits["offered"]
+    if off["b"] is not None:
+        # P_L(fail) = 1/2  <=>  P_measured(pass) = (1/2) ** (measured / L)  <=>  a fail share q at the measured length
+        rates = {}
+        for w in args.window_lengths:
+            q = 1.0 - 0.5 ** (measured_s / w)
+            rates[f"{w:g}"] = off["half_fail_rps"] * (q / (1.0 - q)) ** (1.0 / off["b"])
+        first = rates[f"{args.window_lengths[0]:g}"]
+        prediction["excursions"] = {"half_pass_rps": rates, "ratio_to_first": {w: r / first for w, r in rates.items()}}
     if local:
         best = max(local, key=lambda k: local[k]["log_likelihood"])
         burst_s, threshold = float(best.removeprefix("local_")), local[best]["half_fail_rps"]
         rates = {f"{w:g}": half_pass_rate(w, burst_s, threshold, args.sims, args.seed) for w in args.window_lengths}
         first = rates[f"{args.window_lengths[0]:g}"]
-        prediction = {"predictor": best, "threshold_rps": threshold, "half_pass_rps": rates,
-                      "ratio_to_first": {w: r / first for w, r in rates.items()}}
+        prediction["bursts"] = {"predictor": best, "threshold_rps": threshold, "half_pass_rps": rates,
+                                "ratio_to_first": {w: r / first for w, r in rates.items()}}
     out = {"bench": "window_bursts", "when": now_iso(), "git_commit": git_commit(), "measured": measured,
            "machine": machine(), "versions": versions(), "loads": args.loads, "windows": args.windows,
            "bursts_s": args.bursts, "fits": fits, "prediction": prediction, "windows_measured": rows}
