@@ -5,7 +5,7 @@
     slobench capacity SCENARIO.yaml [--target URL]       rated capacity: ramp until the TTFT SLO breaks
     slobench summarize RUN_DIR [--goodput ttft:MS ...]   rebuild summary.json from a run folder
     slobench report RUN_DIR [RUN_B] [-o FILE]            report.html from a run folder (or A vs B)
-    slobench gate RUN_DIR --baseline B [--rules R]       CI gate: exit 0 pass, 1 regression, 2 bad input
+    slobench gate RUN_DIR... --baseline B... [--rules R] CI gate: exit 0 pass, 1 regression, 2 bad input
     slobench mock-server [--strict] [--ttft-ms ...]      a mock target with exact timing
     slobench calibrate SCENARIO.yaml [--slots C ...]     the capacity search against a mock of known capacity
     slobench plan SCENARIO.yaml --model M --hardware H   capacity planning: theory, calibration, prediction
@@ -183,8 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-export", action="store_true", help="do not write requests.parquet / requests.csv")
 
     p = sub.add_parser("gate", help="compare a run with a baseline: exit 0 pass, 1 regression, 2 bad input")
-    p.add_argument("run_dir", help="run folder (or its summary.json)")
-    p.add_argument("--baseline", required=True, help="baseline summary .json or run folder")
+    p.add_argument("run_dir", nargs="+", help="run folder (or its summary.json); several: repeats of one "
+                   "measurement, pooled (a capacity rating: their mean, with the interval of a mean)")
+    p.add_argument("--baseline", required=True, nargs="+", help="baseline summary .json or run folder; several: "
+                   "pooled as the runs are")
     p.add_argument("--rules", help="rules YAML (default: noise-aware defaults, see loadgen/gate/)")
     p.add_argument("--junit", help="write JUnit XML here, one testcase per rule")
 

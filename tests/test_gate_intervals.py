@@ -102,3 +102,53 @@ def test_without_intervals_the_fixed_rule_decides(pair, tmp_path, capsys):
     props = {p.get("name"): p.get("value") for p in case(root, "rated_capacity.rate_rps").findall(".//property")}
     assert props["rule"] == "fixed ratio" and props["baseline_interval"] == "null"
     assert props["run_interval"] == "[7.4, 9.9]"
+
+
+def test_repeated_runs_pool_into_the_interval_of_a_mean(tmp_path, capsys):
+    """Three runs a side: each single pair overlaps and passes, but the pooled sides (means, half-widths
+    √(Σh²)/n) are told apart: the drop is flagged, with the pooled figures printed."""
+    runs = [with_interval(make_capacity_run(tmp_path / f"run{i}", seed=i), est, est - 1.2, est + 1.2)
+            for i, est in enumerate((8.8, 9.0, 9.2))]
+    bases = [with_interval(make_capacity_run(tmp_path / f"base{i}", seed=10 + i), est, est - 1.2, est + 1.2)
+             for i, est in enumerate((9.9, 10.0, 10.1))]
+    for r in runs:
+        for b in bases:
+            assert main(["gate", str(r), "--baseline", str(b)]) == 0
+    capsys.readouterr()
+    rc = main(["gate", *map(str, runs), "--baseline", *map(str, bases), "--junit", str(tmp_path / "j.xml")])
+    out = capsys.readouterr().out
+    half = math.sqrt(3 * 1.2**2) / 3  # 0.693
+    bound = 10.0 - math.hypot(half, half)
+    assert rc == 1, out
+    assert f"estimate 9 ≥ baseline estimate 10 − √({half:.3g}² + {half:.3g}²) = {bound:.4g}" in out
+    assert "gate 3 runs: run0, run1, run2 vs baseline 3 runs: base0, base1, base2" in out
+    props = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "j.xml").getroot().iter("property")}
+    assert props["run"] == "3 runs: run0, run1, run2"
+
+
+def test_pooling_takes_medians_all_flags_and_the_smallest_sample():
+    summaries = [{"kind": "run", "valid": v, "completed": n, "tiers": {"premium": {"p99_ttft_ms": p}}}
+                 for v, n, p in ((True, 500, 100.0), (False, 300, 900.0), (True, 400, 120.0))]
+    pooled = G.pool(summaries, ["a", "b", "c"])
+    assert pooled["valid"] is False and pooled["completed"] == 300
+    assert pooled["tiers"]["premium"]["p99_ttft_ms"] == 120.0  # the median: one odd run does not move it
+    assert G.pool(summaries[:1], ["a"]) is summaries[0]
+
+
+def test_a_run_without_an_interval_leaves_the_pooled_side_without_one():
+    def cap(est, lo, hi):
+        return {"kind": "capacity", "rated_capacity": {"rate_rps": est, "estimate": est, "ci_low": lo,
+                                                       "ci_high": hi, "ci_of": "rate_rps"}}
+
+    pooled = G.pool([cap(10.0, 9.0, 11.0), cap(12.0, None, None)], ["a", "b"])
+    assert pooled["rated_capacity"]["rate_rps"] == 11.0
+    assert pooled["rated_capacity"]["ci_low"] is None and pooled["rated_capacity"]["ci_high"] is None
+
+
+def test_one_side_of_mixed_kinds_is_refused(tmp_path, capsys):
+    cap = make_capacity_run(tmp_path / "cap")
+    fixed = tmp_path / "fixed.json"
+    fixed.write_text(json.dumps({"kind": "run", "valid": True}))
+    rc = main(["gate", str(cap), str(fixed), "--baseline", str(cap)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "runs of one side must be of one kind" in err and "fixed.json (run)" in err

@@ -1,6 +1,9 @@
 """The ``slobench gate`` command: evaluate, write the CI outputs, print the verdict.
 
-    slobench gate RUN_DIR --baseline BASELINE(.json | run folder) [--rules gate.yaml] [--junit junit.xml]
+    slobench gate RUN_DIR [RUN_DIR ...] --baseline BASELINE(.json | run folder) [BASELINE ...]
+                  [--rules gate.yaml] [--junit junit.xml]
+
+Several runs on a side are repeats of one measurement, pooled into one summary (``gate.pool``).
 
 Exit 0 when every rule passes, 1 on a regression, 2 when the input is unusable (missing files, bad
 YAML, an unknown rule, a metric missing from either side) with a one-line message. JUnit XML gets one
@@ -18,7 +21,8 @@ from loadgen.gate.output import junit_xml, markdown, text_lines
 from loadgen.gate.values import GateInputError
 
 
-def main(run: str, baseline: str, rules: str | None, junit: str | None, stdout: TextIO, stderr: TextIO) -> int:
+def main(run: list[str], baseline: list[str], rules: str | None, junit: str | None, stdout: TextIO,
+         stderr: TextIO) -> int:
     """Never a traceback: exit 0 / 1 / 2. The JUnit file and step summary are written for unusable input
     too, so CI shows why the gate could not answer."""
     rep: GateReport | None = None
@@ -32,7 +36,7 @@ def main(run: str, baseline: str, rules: str | None, junit: str | None, stdout: 
     try:
         if junit:
             Path(junit).parent.mkdir(parents=True, exist_ok=True)
-            Path(junit).write_bytes(junit_xml(rep, error, str(run), str(baseline)))
+            Path(junit).write_bytes(junit_xml(rep, error, ", ".join(run), ", ".join(baseline)))
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as f:

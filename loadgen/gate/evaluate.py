@@ -4,11 +4,13 @@ a gate (``gate``), giving a ``GateReport`` with its exit code."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loadgen.gate.lookup import ALIASES, completed, interval, load_summary, resolve
+from loadgen.gate.pool import pool
 from loadgen.gate.rules import RELATIVE, Rule, default_rules, load_rules
 from loadgen.gate.values import MISSING, GateInputError, format_value, is_number
 
@@ -148,10 +150,13 @@ def _numeric_check(check: str, limit: float, cur: float, base: Any, tol: float) 
     return cur <= limit, f"≤ {format_value(limit)}"
 
 
-def gate(run: str | Path, baseline: str | Path, rules: str | Path | None = None) -> GateReport:
-    """Evaluate every rule; raises GateInputError on unusable input."""
-    cur = load_summary(run)
-    base = load_summary(baseline)
+def gate(run: str | Path | Sequence[str | Path], baseline: str | Path | Sequence[str | Path],
+         rules: str | Path | None = None) -> GateReport:
+    """Evaluate every rule; raises GateInputError on unusable input. Either side may be several runs (repeats
+    of one measurement): they are pooled into one summary first (``gate.pool``)."""
+    runs, bases = _paths(run), _paths(baseline)
+    cur = pool([load_summary(p) for p in runs], [Path(p).name for p in runs])
+    base = pool([load_summary(p) for p in bases], [Path(p).name for p in bases])
     if rules is not None:
         rule_list, with_defaults = load_rules(rules)
         if with_defaults:
@@ -160,5 +165,12 @@ def gate(run: str | Path, baseline: str | Path, rules: str | Path | None = None)
     else:
         rule_list = default_rules(cur, base)
     results = [evaluate_rule(r, cur, base) for r in rule_list]
-    return GateReport(str(cur.get("run_id") or Path(run).name), str(base.get("run_id") or Path(baseline).name),
+    return GateReport(str(cur.get("run_id") or Path(runs[0]).name), str(base.get("run_id") or Path(bases[0]).name),
                       results)
+
+
+def _paths(side: str | Path | Sequence[str | Path]) -> list[str | Path]:
+    paths = [side] if isinstance(side, (str, Path)) else list(side)
+    if not paths:
+        raise GateInputError("no run given for one side of the gate")
+    return paths
