@@ -19,7 +19,7 @@ from tests.helpers import ENV, REPO, slobench
 TOP_KEYS = {"kind", "run_id", "scenario", "target", "driver", "started_at", "duration_s", "verdict", "verdict_text",
             "axis", "slo", "headroom", "rated_capacity", "steps", "valid", "lateness", "versions", "git_commit",
             "machine"}
-RATED_KEYS = {"rate_rps", "requested_rps", "concurrency", "concurrency_littles_law", "concurrency_measured",
+RATED_KEYS = {"rate_rps", "requested_rps", "window_s", "concurrency", "concurrency_littles_law", "concurrency_measured",
               "concurrency_agree", "output_tok_s", "spec_rate_rps", "estimate", "ci_low", "ci_high", "boundary",
               "binding", "confirmed"}
 STEP_KEYS = {"index", "load", "phase", "passed", "stopped_early", "duration_s", "requests", "tiers", "breakdown",
@@ -88,6 +88,8 @@ def test_target_too_fast_never_broke_and_records_have_stages(mock_server, tmp_pa
     rc = s["rated_capacity"]
     # the rating is what the step offered (its Poisson draw over the window), the load asked for beside it
     assert rc["requested_rps"] == 20 and rc["rate_rps"] == pytest.approx(s["steps"][-1]["offered_rps"])
+    last = s["steps"][-1]["window_s"]
+    assert rc["window_s"] == pytest.approx(last[1] - last[0])  # the judged length the rating holds for
     assert rc["spec_rate_rps"] == pytest.approx(0.8 * rc["rate_rps"]) and rc["lower_bound"]
     recs = read_records(tmp_path / "run" / "requests.jsonl")
     stages = {x["stage"] for x in recs}

@@ -52,6 +52,7 @@ def test_the_rating_is_the_offered_rate_of_the_deciding_steps(plan):
     # the pass end on draw 0 (88 %) and its confirmation on draw 1 (100 %), pooled over equal windows
     assert rc["rate_rps"] == pytest.approx(out.rated_load * (0.88 + 1.0) / 2)
     assert rc["spec_rate_rps"] == pytest.approx(0.8 * rc["rate_rps"])
+    assert rc["window_s"] == 10.0  # the deciding windows' judged length (3 s to 13 s)
     assert sorted(rc["steps"]) == sorted(i for i in out.deciding if out.steps[i].load == out.rated_load)
     assert "Offered there" in s["verdict_text"] and "requested" in s["verdict_text"]
     steps = s["steps"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -92,8 +93,12 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan,
             rate = requested
         conc = d.get("concurrency_measured")
     spec = rate * (1.0 - plan.headroom) if rate is not None else None
+    # how long the deciding windows were: near a wide knee a longer window fails at a lower load, so a
+    # rating holds for windows of this length (README, "Longer steps rate lower")
+    spans = [w[1] - w[0] for x in details if isinstance(w := x.get("window_s"), (list, tuple)) and len(w) == 2]
     out = {
-        "rate_rps": rate, "requested_rps": requested, "concurrency": conc,
+        "rate_rps": rate, "requested_rps": requested, "window_s": statistics.median(spans) if spans else None,
+        "concurrency": conc,
         "concurrency_littles_law": d.get("concurrency_littles_law"),
         "concurrency_measured": d.get("concurrency_measured"),
         "concurrency_agree": d.get("concurrency_agree"),

@@ -107,7 +107,8 @@ def print_verdict(s: dict[str, Any]) -> None:
         con.print(f"{bad}[bold]rated capacity: {at_least}{r['rate_rps']:.3g} req/s[/]"
                   + (f" at {r['load']:.0f} users" if s["axis"] == "concurrency" else
                      (f" offered (requested {r['requested_rps']:.3g})" if r.get("requested_rps") else ""))
-                  + f"  (spec capacity {r['spec_rate_rps']:.3g} {unit} with {100 * s['headroom']:g}% headroom)")
+                  + f"  (spec capacity {r['spec_rate_rps']:.3g} {unit} with {100 * s['headroom']:g}% headroom)"
+                  + (f"; judged over {r['window_s']:.0f} s windows" if r.get("window_s") else ""))
         if r.get("ci_low") is not None:
             of = "users" if r.get("ci_of") == "concurrency" else "req/s"
             b = r.get("binding") or {}
