@@ -66,7 +66,8 @@ def test_capacity_report(tmp_path):
     assert "no data" not in " ".join(panels)
     # tables and metadata
     for text in ("Load steps", "bisect", "stopped early", "Per-tier percentiles", "Errors by status", "rejected",
-                 "0123456789abcdef", "aiohttp", "rated capacity 10.0 req/s", "concurrency at rated"):
+                 "0123456789abcdef", "aiohttp", "rated capacity 10.0 req/s", "concurrency at rated",
+                 "judged over windows of"):
         assert text in html, text
     assert "chat&lt;script&gt;" in html and "&lt;b&gt;target&lt;/b&gt;" in html
     _no_raw_run_markup(html)

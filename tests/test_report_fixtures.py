@@ -130,7 +130,7 @@ def make_capacity_run(path: Path, *, knee: float = 8.0, scale: float = 1.0, erro
         "rated_capacity": {"rate_rps": rated, "concurrency": rated * 0.2, "concurrency_littles_law": rated * 0.2,
                            "concurrency_measured": rated * 0.21, "concurrency_agree": True,
                            "output_tok_s": rated * 8, "spec_rate_rps": rated * 0.8, "load": rated,
-                           "axis": axis} if rated else None,
+                           "window_s": 2.5, "axis": axis} if rated else None,
         "steps": steps, "valid": True, "lateness": {"p50_ms": 0.3, "p99_ms": 1.2, "bound_ms": 10.0},
     }
     return write_run(path, records, summary,

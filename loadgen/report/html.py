@@ -161,6 +161,7 @@ def _cards(run: d.RunData) -> list[dict[str, Any]]:
         head = s.get("headroom")
         return [
             {"label": "rated capacity", "value": rc.get("rate_rps"), "unit": "req/s"},
+            {"label": "judged over windows of", "value": rc.get("window_s"), "unit": "s"},
             {"label": f"spec capacity ({fmt(100 * head) if isinstance(head, (int, float)) else '?'}% headroom)",
              "value": rc.get("spec_rate_rps"), "unit": "req/s"},
             {"label": "concurrency at rated", "value": rc.get("concurrency"), "unit": ""},
