@@ -108,7 +108,8 @@ def run_seed(scenario: Path, seed: int, work: Path, index: int, sets: list[str],
         return {"seed": seed, "returncode": proc.returncode, "wall_s": round(wall, 1), "error_text": stderr[-2000:]}
     s = json.loads((out / "summary.json").read_text())
     rc = s.get("rated_capacity") or {}
-    keep = ("rate_rps", "requested_rps", "estimate", "ci_low", "ci_high", "boundary", "binding", "confirmed")
+    keep = ("rate_rps", "requested_rps", "window_s", "estimate", "ci_low", "ci_high", "boundary", "binding",
+            "confirmed")
     return {"seed": seed, "returncode": proc.returncode, "verdict": s.get("verdict"), "valid": s.get("valid"),
             "rated_capacity": {k: rc.get(k) for k in keep}, "steps": len(s.get("steps") or []),
             "phases": [st.get("phase") for st in s.get("steps") or []],
