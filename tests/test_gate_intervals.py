@@ -127,12 +127,26 @@ def test_repeated_runs_pool_into_the_interval_of_a_mean(tmp_path, capsys):
 
 
 def test_pooling_takes_medians_all_flags_and_the_smallest_sample():
-    summaries = [{"kind": "run", "valid": v, "completed": n, "tiers": {"premium": {"p99_ttft_ms": p}}}
-                 for v, n, p in ((True, 500, 100.0), (False, 300, 900.0), (True, 400, 120.0))]
+    summaries = [{"kind": "run", "valid": v, "completed": n, "requests": n + f, "failed": f,
+                  "tiers": {"premium": {"p99_ttft_ms": p}}}
+                 for v, n, f, p in ((True, 500, 0, 100.0), (False, 300, 100, 900.0), (True, 400, 4, 120.0))]
     pooled = G.pool(summaries, ["a", "b", "c"])
-    assert pooled["valid"] is False and pooled["completed"] == 300
+    assert pooled["valid"] is False and pooled["completed"] == 300 and pooled["requests"] == 400
+    assert G.resolve(pooled, "error_rate")[0] == pytest.approx(4 / 404)  # the median run's error rate
     assert pooled["tiers"]["premium"]["p99_ttft_ms"] == 120.0  # the median: one odd run does not move it
     assert G.pool(summaries[:1], ["a"]) is summaries[0]
+
+
+def test_pooled_capacity_runs_read_latencies_at_their_rated_steps():
+    def cap(p99_at_rated):
+        steps = [{"load": 5.0, "passed": True, "summary": {"p99_ttft_ms": 50.0, "completed": 200}},
+                 {"load": 10.0, "passed": True, "summary": {"p99_ttft_ms": p99_at_rated, "completed": 150}},
+                 {"load": 20.0, "passed": False, "summary": {"p99_ttft_ms": 2000.0, "completed": 100}}]
+        return {"kind": "capacity", "steps": steps, "rated_capacity": {"rate_rps": 10.0}}
+
+    pooled = G.pool([cap(100.0), cap(300.0), cap(200.0)], ["a", "b", "c"])
+    assert G.resolve(pooled, "p99_ttft_ms")[0] == 200.0  # the median of the three rated steps'
+    assert G.completed(pooled) == 150
 
 
 def test_a_run_without_an_interval_leaves_the_pooled_side_without_one():

@@ -10,9 +10,11 @@ a tenth (``bench/gate_false_alarms.py``). Repeating the runs narrows what each s
   interval of the same field; otherwise the pooled side has none and the rule falls back to its ratio.
 - every other number: the median of the runs that have it (a latency, a rate: one odd run does not move
   it), except the sample counts (``completed``, ``requests``): the smallest, so ``min_samples`` still
-  holds for each run;
+  holds for each run; ``failed`` is set so that failed / requests is the median of the runs' error rates;
 - a flag (``valid``): true only when it is true in every run;
-- anything else (text, lists such as a capacity run's steps): the first run's.
+- a capacity run's steps: one step, the runs' rated steps pooled as above, so a rule on a latency at the
+  rated step (``p99_ttft_ms``) reads the median of the runs' rated steps;
+- anything else (text, lists): the first run's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 import statistics
 from typing import Any
 
-from loadgen.gate.lookup import kind
+from loadgen.gate.lookup import error_rate, kind, rated_step
 from loadgen.gate.values import GateInputError, is_number
 
 COUNTS = ("completed", "requests")  # sample counts: the smallest run's, for min_samples
@@ -35,7 +37,11 @@ def merge(values: list[Any], key: str = "") -> Any:
         return None
     if all(isinstance(v, dict) for v in present):
         keys = list(dict.fromkeys(k for v in present for k in v))
-        return {k: merge([v.get(k) for v in present], k) for k in keys}
+        out = {k: merge([v.get(k) for v in present], k) for k in keys}
+        rates = [error_rate(v) for v in present]
+        if "requests" in out and all(is_number(r) for r in rates) and is_number(out["requests"]):
+            out["failed"] = statistics.median(rates) * out["requests"]  # the runs' median error rate
+        return out
     if all(isinstance(v, bool) for v in present):
         return all(present)
     if all(is_number(v) for v in present):
@@ -58,6 +64,7 @@ def pooled_rating(ratings: list[dict[str, Any]]) -> dict[str, Any]:
         out["ci_high"] = est + math.sqrt(sum((hi - e) ** 2 for e, _, hi in spans)) / n
     else:
         out["ci_low"] = out["ci_high"] = None
+    out.pop("interval", None)  # each run's own fit: no longer what ci_low / ci_high describe
     out["pooled_runs"] = n
     return out
 
@@ -74,6 +81,9 @@ def pool(summaries: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
     if len(axes) > 1:
         raise GateInputError(f"runs of one side must search one axis, found {sorted(map(str, axes))}")
     out = merge(summaries)
+    if kinds == {"capacity"}:
+        rated = [rated_step(s) for s in summaries]
+        out["steps"] = [merge(rated)] if all(isinstance(x, dict) for x in rated) else []
     ratings = [s.get("rated_capacity") for s in summaries]
     if all(isinstance(r, dict) for r in ratings):
         out["rated_capacity"] = pooled_rating(ratings)
