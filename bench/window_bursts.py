@@ -32,7 +32,6 @@ import json
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -40,30 +39,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from knee_windows import Progress  # noqa: E402  (bench/: one line per window)
+
 from loadgen.capacity.crossing import logistic_fit  # noqa: E402
 from loadgen.capacity.run import measure_fixed  # noqa: E402
 from loadgen.results.records import read_records  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 from loadgen.scenario.parse import load_scenario  # noqa: E402
 from loadgen.target.embedded import EmbeddedEngine  # noqa: E402
-
-
-class Progress:
-    """One line per window (what ``measure_fixed`` calls on its display)."""
-
-    def __init__(self, total: int):
-        self.total, self.done, self.t0 = total, 0, time.monotonic()
-
-    def start_step(self, *_a) -> None:
-        pass
-
-    def update(self, *_a) -> None:
-        pass
-
-    def end_step(self, d: dict) -> None:
-        self.done += 1
-        print(f"  window {self.done}/{self.total}: {d['load']:.1f} req/s asked, {d.get('offered_rps') or 0:.1f} "
-              f"offered, {'pass' if d['passed'] else 'FAIL'}  ({time.monotonic() - self.t0:.0f} s)", flush=True)
 
 
 def busiest_rate(arrivals: np.ndarray, w0: float, w1: float, burst_s: float) -> float:
