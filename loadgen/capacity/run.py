@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step, StepResult
 from loadgen.capacity.step import CapacityRunner
 from loadgen.drivers.event_loop import add_stop_handlers, remove_stop_handlers, run_sync
+from loadgen.results.latency import percentile
 from loadgen.results.prefix_cache import prefix_cache_check
 from loadgen.results.rundir import METRICS, read_metrics, read_run_records, write_summary
 from loadgen.results.runmeta import now_iso, run_metadata
@@ -97,7 +97,7 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan,
     # rating holds for windows of this length (README, "Longer steps rate lower")
     spans = [w[1] - w[0] for x in details if isinstance(w := x.get("window_s"), (list, tuple)) and len(w) == 2]
     out = {
-        "rate_rps": rate, "requested_rps": requested, "window_s": statistics.median(spans) if spans else None,
+        "rate_rps": rate, "requested_rps": requested, "window_s": percentile(spans, 50),
         "concurrency": conc,
         "concurrency_littles_law": d.get("concurrency_littles_law"),
         "concurrency_measured": d.get("concurrency_measured"),

@@ -20,11 +20,11 @@ a tenth (``bench/gate_false_alarms.py``). Repeating the runs narrows what each s
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
 from loadgen.gate.lookup import error_rate, kind, rated_step
 from loadgen.gate.values import GateInputError, is_number
+from loadgen.results.latency import percentile
 
 COUNTS = ("completed", "requests")  # sample counts: the smallest run's, for min_samples
 MEANS = ("rate_rps", "estimate", "concurrency")  # rated_capacity's figures the pooled interval is around
@@ -40,12 +40,12 @@ def merge(values: list[Any], key: str = "") -> Any:
         out = {k: merge([v.get(k) for v in present], k) for k in keys}
         rates = [error_rate(v) for v in present]
         if "requests" in out and all(is_number(r) for r in rates) and is_number(out["requests"]):
-            out["failed"] = statistics.median(rates) * out["requests"]  # the runs' median error rate
+            out["failed"] = percentile(rates, 50) * out["requests"]  # the runs' median error rate
         return out
     if all(isinstance(v, bool) for v in present):
         return all(present)
     if all(is_number(v) for v in present):
-        return min(present) if key in COUNTS else statistics.median(present)
+        return min(present) if key in COUNTS else percentile(present, 50)
     return present[0]
 
 
