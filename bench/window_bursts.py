@@ -8,7 +8,7 @@
    shuffled in each round.
 2. **Per window**, from the arrivals it was sent: the offered rate over the judged window, and for each
    ``--bursts`` length B the busiest B seconds' rate (``local_B``: the most arrivals in any B-second span
-   that ends inside the window, over B; a burst just before the window still queues into it).
+   that overlaps the window, over B; a burst just before the window still queues into it).
 3. **Which predicts the verdict.** The logistic fit P(fail) = 1 / (1 + exp(-(a + b log x))) on each
    predictor x (``capacity.crossing.logistic_fit``), with its log-likelihood: the larger, the better x
    separates the passing windows from the failing ones. ``None`` where the windows separate completely
@@ -50,7 +50,8 @@ from loadgen.target.embedded import EmbeddedEngine  # noqa: E402
 
 
 def busiest_rate(arrivals: np.ndarray, w0: float, w1: float, burst_s: float) -> float:
-    """The most arrivals in any ``burst_s`` span ending inside [w0, w1], per second."""
+    """The most arrivals in any ``burst_s`` span that overlaps [w0, w1), per second (a span may begin up to
+    ``burst_s`` before the window: a burst just before it still queues into it)."""
     starts = arrivals[(arrivals >= w0 - burst_s) & (arrivals < w1)]
     if starts.size == 0:
         return 0.0
