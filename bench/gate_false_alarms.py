@@ -105,7 +105,8 @@ def main() -> int:
             k = sum(p["flagged"] for p in pairs)
             total, flagged = total + len(pairs), flagged + k
             if pairs:
-                res["sittings"][spec] = {"runs": len(runs), "pairs": len(pairs), "flagged": k, "verdicts": pairs}
+                res["sittings"][spec] = {"runs": len(runs), "pairs": len(pairs), "flagged": k,
+                                         "flagged_verdicts": [p for p in pairs if p["flagged"]]}
                 print(f"{n} a side, {spec}: {len(runs)} runs, {k} of {len(pairs)} ordered pairs flagged", flush=True)
         res["false_alarms"] = {"pairs": total, "flagged": flagged, "rate": flagged / total if total else None}
         print(f"{n} a side, unchanged code: {flagged} of {total} ordered pairs flagged")
