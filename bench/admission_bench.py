@@ -5,7 +5,8 @@ standard 2, Poisson) at each of ``--rates`` for ``--duration`` s, one after the 
 (as a capacity run's steps). For each load and tier: requests, 429s, the answered requests' p99 TTFT, and the
 share that met the tier's promise with every 429 counted as a miss (what a capacity step judges). Run it again
 with ``--engine-opt admission=queue-length`` for the same loads without refusals: where that meets the
-promises, the 429s were not needed.
+promises, the 429s were not needed. ``--bin-s B``: also each run's timeline in B-second bins of arrival time
+(requests, standard misses: 429s and answers past 800 ms), to see whether misses come later in a long run.
 
     .venv/bin/python bench/admission_bench.py --json bench/results/admission.json
 """
@@ -44,7 +45,21 @@ client: {{lateness_bound_ms: 50}}
 """
 
 
-def load_run(url: str, rate: float, duration: float, seed: int, out: Path) -> dict:
+def timeline(records: list[dict], bin_s: float) -> list[dict]:
+    """Per ``bin_s`` of arrival time: requests, and standard requests that missed (429 or past the promise)."""
+    if not records:
+        return []
+    t0 = min(x["scheduled_s"] for x in records)
+    bins: dict[int, dict] = {}
+    for x in records:
+        b = bins.setdefault(int((x["scheduled_s"] - t0) // bin_s), {"requests": 0, "standard_missed": 0})
+        b["requests"] += 1
+        if x["tier"] == "standard" and (x["status"] != "ok" or latency.ttft_ms(x) > PROMISE_MS["standard"]):
+            b["standard_missed"] += 1
+    return [{"from_s": k * bin_s, **bins[k]} for k in sorted(bins)]
+
+
+def load_run(url: str, rate: float, duration: float, seed: int, out: Path, bin_s: float | None = None) -> dict:
     scenario = out.with_suffix(".yaml")
     scenario.write_text(SCENARIO.format(rate=rate, duration=duration, seed=seed))
     r = subprocess.run([sys.executable, "-m", "loadgen.cli", "run", str(scenario), "--target", url, "--out", str(out),
@@ -63,6 +78,8 @@ def load_run(url: str, rate: float, duration: float, seed: int, out: Path) -> di
             "other_failed": sum(1 for x in rs if x["status"] not in ("ok", "rejected")),
             "answered_p99_ttft_ms": latency.percentile(ttft, 99),
             "met_share": met / len(rs) if rs else None}
+    if bin_s:
+        result["timeline"] = timeline(records, bin_s)
     return result
 
 
@@ -72,6 +89,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per load")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1], help="one run per seed at every load")
     ap.add_argument("--pause", type=float, default=1.0, help="idle seconds between loads")
+    ap.add_argument("--bin-s", type=float, help="also write each run's timeline in bins of this many seconds")
     ap.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
                     help="engine option, e.g. admission=queue-length")
     ap.add_argument("--json", type=Path)
@@ -89,12 +107,14 @@ def main() -> int:
         try:
             for seed in args.seeds:
                 for rate in args.rates:
-                    run = load_run(url, rate, args.duration, seed, Path(tmp) / f"r{rate:g}-s{seed}")
+                    run = load_run(url, rate, args.duration, seed, Path(tmp) / f"r{rate:g}-s{seed}", args.bin_s)
                     out["runs"].append(run)
                     cells = "  ".join(
                         f"{t}: 429 {v['refused_429']}/{v['requests']}, p99 {v['answered_p99_ttft_ms'] or 0:.0f} ms, "
                         f"met {100 * (v['met_share'] or 0):.1f} %" for t, v in run["tiers"].items())
                     print(f"{rate:5.1f} req/s seed {seed}: {cells}", flush=True)
+                    if args.bin_s:
+                        print("   misses per bin: " + " ".join(str(b["standard_missed"]) for b in run["timeline"]))
                     time.sleep(args.pause)
         finally:
             engine.stop()
