@@ -166,3 +166,11 @@ def test_one_side_of_mixed_kinds_is_refused(tmp_path, capsys):
     rc = main(["gate", str(cap), str(fixed), "--baseline", str(cap)])
     err = capsys.readouterr().err
     assert rc == 2 and "runs of one side must be of one kind" in err and "fixed.json (run)" in err
+
+
+def test_a_run_given_twice_on_one_side_is_refused(tmp_path, capsys):
+    run = make_capacity_run(tmp_path / "run")
+    base = make_capacity_run(tmp_path / "base", seed=3)
+    rc = main(["gate", str(run), str(run / "summary.json"), "--baseline", str(base)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "given twice on one side of the gate" in err

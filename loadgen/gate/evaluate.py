@@ -170,7 +170,16 @@ def gate(run: str | Path | Sequence[str | Path], baseline: str | Path | Sequence
 
 
 def _paths(side: str | Path | Sequence[str | Path]) -> list[str | Path]:
+    """One side's runs; a run given twice (a folder and its summary.json count as one) would pool as two
+    independent repeats and narrow the side's interval for nothing, so it is refused."""
     paths = [side] if isinstance(side, (str, Path)) else list(side)
     if not paths:
         raise GateInputError("no run given for one side of the gate")
+    seen: dict[Path, str | Path] = {}
+    for p in paths:
+        key = (Path(p) / "summary.json" if Path(p).is_dir() else Path(p)).resolve()
+        if key in seen:
+            raise GateInputError(f"{p}: the same run as {seen[key]}, given twice on one side of the gate "
+                                 "(repeats are pooled as independent runs)")
+        seen[key] = p
     return paths
