@@ -154,8 +154,8 @@ def test_a_run_without_an_interval_leaves_the_pooled_side_without_one():
         return {"kind": "capacity", "rated_capacity": {"rate_rps": est, "estimate": est, "ci_low": lo,
                                                        "ci_high": hi, "ci_of": "rate_rps"}}
 
-    pooled = G.pool([cap(10.0, 9.0, 11.0), cap(12.0, None, None)], ["a", "b"])
-    assert pooled["rated_capacity"]["rate_rps"] == 11.0
+    pooled = G.pool([cap(10.0, 9.0, 11.0), cap(12.0, None, None), cap(17.0, 16.0, 18.0)], ["a", "b", "c"])
+    assert pooled["rated_capacity"]["rate_rps"] == 13.0  # the mean, where other numbers take the median (12)
     assert pooled["rated_capacity"]["ci_low"] is None and pooled["rated_capacity"]["ci_high"] is None
 
 

@@ -4,10 +4,11 @@ A single capacity run's rating near a wide knee moves by several percent from se
 interval says so: wide enough that two single runs rarely flag unchanged code, and too wide to see a drop of
 a tenth (``bench/gate_false_alarms.py``). Repeating the runs narrows what each side knows:
 
-- ``rated_capacity``: the mean of the runs' ratings (``rate_rps``, ``estimate``, ``concurrency``) with the
-  interval of a mean of independent estimates: each side's half-width is √(Σ hᵢ²) / n, the runs' own
-  half-widths hᵢ (so three runs of equal intervals give one 1/√3 as wide). Only when every run has an
-  interval of the same field; otherwise the pooled side has none and the rule falls back to its ratio.
+- ``rated_capacity``: the mean of the runs' ratings (``rate_rps``, ``estimate``, ``concurrency`` and the
+  spec capacities made of them) with the interval of a mean of independent estimates: each side's
+  half-width is √(Σ hᵢ²) / n, the runs' own half-widths hᵢ (so three runs of equal intervals give one 1/√3
+  as wide). Only when every run has an interval of the same field; otherwise the pooled side has none and
+  the rule falls back to its ratio.
 - every other number: the median of the runs that have it (a latency, a rate: one odd run does not move
   it), except the sample counts (``completed``, ``requests``): the smallest, so ``min_samples`` still
   holds for each run; ``failed`` is set so that failed / requests is the median of the runs' error rates;
@@ -27,7 +28,8 @@ from loadgen.gate.values import GateInputError, is_number
 from loadgen.results.latency import percentile
 
 COUNTS = ("completed", "requests")  # sample counts: the smallest run's, for min_samples
-MEANS = ("rate_rps", "estimate", "concurrency")  # rated_capacity's figures the pooled interval is around
+# rated_capacity's figures the pooled interval is around, and those derived from them (spec = rated x (1 - headroom))
+MEANS = ("rate_rps", "estimate", "concurrency", "spec_rate_rps", "spec_concurrency")
 
 
 def merge(values: list[Any], key: str = "") -> Any:
