@@ -4,8 +4,8 @@
                                   [--bursts 2 4 8] [--out bench/results/window-bursts.json]
 
 1. **Measure.** One embedded engine; every load ``--windows`` times, each window whole (no early stop), each
-   on its own arrival draw, with the search's own step machinery (``capacity.run.measure_fixed``); the loads
-   shuffled in each round.
+   on its own arrival draw, with the search's own step machinery (``knee_windows.measure``, which runs
+   ``capacity.run.measure_fixed``); the loads shuffled in each round.
 2. **Per window**, from the arrivals it was sent: the offered rate over the judged window, and for each
    ``--bursts`` length B the busiest B seconds' rate (``local_B``: the most arrivals in any B-second span
    that overlaps the window, over B; a burst just before the window still queues into it).
@@ -39,14 +39,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from knee_windows import Progress  # noqa: E402  (bench/: one line per window)
+from knee_windows import measure  # noqa: E402  (bench/: the same sweep, shuffled rounds on one engine)
 
 from loadgen.capacity.crossing import logistic_fit  # noqa: E402
-from loadgen.capacity.run import measure_fixed  # noqa: E402
 from loadgen.results.records import read_records  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 from loadgen.scenario.parse import load_scenario  # noqa: E402
-from loadgen.target.embedded import EmbeddedEngine  # noqa: E402
 
 
 def busiest_rate(arrivals: np.ndarray, w0: float, w1: float, burst_s: float) -> float:
@@ -106,19 +104,6 @@ def half_pass_rate(window_s: float, burst_s: float, threshold_rps: float, sims: 
     return 0.5 * (lo + hi)
 
 
-def measure(scn, loads: list[float], windows: int, seed: int, work: Path) -> tuple[list[dict], list[dict]]:
-    rng = np.random.default_rng(seed)
-    order = [float(x) for _ in range(windows) for x in rng.permutation(loads)]
-    engine = EmbeddedEngine(scn.engine_options(), log_path=work / "engine.log")
-    url = engine.start()
-    try:
-        details = measure_fixed(scn, order, work / "sweep", target=url, early_stop=False,
-                                display=Progress(len(order)), fresh_draws=True)
-    finally:
-        engine.stop()
-    return details, read_records(work / "sweep" / "requests.jsonl")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default=str(REPO / "scenarios" / "chat.yaml"))
@@ -139,7 +124,8 @@ def main() -> int:
         scn = load_scenario(args.scenario)
         print(f"measuring {len(args.loads)} loads x {args.windows} windows of {args.scenario} ...", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            details, records = measure(scn, args.loads, args.windows, args.seed, Path(tmp))
+            details, _ = measure(scn, args.loads, args.windows, args.seed, Path(tmp))
+            records = read_records(Path(tmp) / "sweep" / "requests.jsonl")
         rows = window_rows(details, records, args.bursts)
         measured = {"git_commit": git_commit(), "when": now_iso(), "scenario": args.scenario}
         args.out.write_text(json.dumps({"bench": "window_bursts", "measured": measured,
