@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 capacity: $(STAMP)
-	$(BIN)/slobench capacity scenarios/chat.yaml
+	$(BIN)/slobench capacity loadgen/scenarios/chat.yaml
 
 demo: $(STAMP)
 	$(BIN)/slobench generate "The quick brown fox" --max-tokens 32

@@ -1,7 +1,7 @@
 """The capacity search against a target of known capacity: ``slobench calibrate`` with its default settings
 for several seeds, rated vs true.
 
-    python bench/calibration_bench.py [--scenario scenarios/calibrate.yaml] [--seeds 0 1 2]
+    python bench/calibration_bench.py [--scenario loadgen/scenarios/calibrate.yaml] [--seeds 0 1 2]
                                       [--out bench/results/calibration.json] [-- EXTRA calibrate FLAGS]
 
 Each seed is one ``slobench calibrate`` run as a user runs it (a subprocess: its own mock in queueing mode,
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description="slobench calibrate for several seeds: rated vs true capacity, "
                                              "written to bench/results/calibration.json")
-    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "calibrate.yaml")
+    ap.add_argument("--scenario", type=Path, default=REPO / "loadgen" / "scenarios" / "calibrate.yaml")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2],
                     help="arrival seeds, one run each (none: only the floor)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "calibration.json",

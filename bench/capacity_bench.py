@@ -1,6 +1,6 @@
 """Capacity search vs a dense sweep, and the spread of repeated searches, on the reference engine.
 
-    python bench/capacity_bench.py [--scenario scenarios/chat.yaml] [--repeats 3] [--points 10]
+    python bench/capacity_bench.py [--scenario loadgen/scenarios/chat.yaml] [--repeats 3] [--points 10]
                                    [--out bench/results/capacity.json]
 
 1. ``--repeats`` full capacity searches (``slobench capacity``'s own code, each with a fresh embedded
@@ -63,7 +63,7 @@ def sweep_capacity(rates: list[float], steps: list[dict]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default=str(REPO / "scenarios" / "chat.yaml"))
+    ap.add_argument("--scenario", default=str(REPO / "loadgen" / "scenarios" / "chat.yaml"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--points", type=int, default=10)
     ap.add_argument("--span", type=float, nargs=2, default=(0.5, 1.4), metavar=("LO", "HI"))

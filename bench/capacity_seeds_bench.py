@@ -1,7 +1,7 @@
 """`slobench capacity` on the embedded engine, as a user runs it, once per seed: the rated capacity, its
 confidence interval, and the wall time of each run.
 
-    python bench/capacity_seeds_bench.py [--scenario scenarios/chat.yaml] [--seeds 1 2 3]
+    python bench/capacity_seeds_bench.py [--scenario loadgen/scenarios/chat.yaml] [--seeds 1 2 3]
                                          [--out bench/results/capacity-seeds.json] [--set KEY=VALUE ...]
 
 Each seed is one ``slobench capacity SCENARIO --seed S`` subprocess (its own embedded engine, default settings
@@ -118,7 +118,7 @@ def run_seed(scenario: Path, seed: int, work: Path, index: int, sets: list[str],
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "chat.yaml")
+    ap.add_argument("--scenario", type=Path, default=REPO / "loadgen" / "scenarios" / "chat.yaml")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
                     help="one run per entry; a seed given twice is run twice (machine noise beside the draw's)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "capacity-seeds.json")

@@ -121,7 +121,7 @@ def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "chat.yaml")
+    ap.add_argument("--scenario", type=Path, default=REPO / "loadgen" / "scenarios" / "chat.yaml")
     ap.add_argument("--modes", nargs="+", default=["thread", "process"],
                     choices=["thread", "process", "vllm", "baseline"])
     ap.add_argument("--model", help="serve this checkpoint instead of the scenario's engine model (vllm needs one)")

@@ -1,7 +1,7 @@
 """Does a scenario's knee stay put from one run to the next? The windows' own noise against the runs' drift.
 
     python bench/knee_between_runs.py BATCH=FILE[:RUN,RUN...] [BATCH=FILE...] [--sims 2000]
-                                      [--design NAME=KEY=VALUE,... ...] [--scenario scenarios/chat.yaml]
+                                      [--design NAME=KEY=VALUE,... ...] [--scenario loadgen/scenarios/chat.yaml]
                                       [--out bench/results/knee-between-runs.json]
 
 FILE is a ``bench/capacity_steps.py`` results file (every step of kept ``slobench capacity`` runs); a batch is
@@ -165,7 +165,7 @@ def main() -> int:
     ap.add_argument("batches", nargs="+", metavar="BATCH=FILE[:RUN,...]")
     ap.add_argument("--sims", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "chat.yaml",
+    ap.add_argument("--scenario", type=Path, default=REPO / "loadgen" / "scenarios" / "chat.yaml",
                     help="the scenario whose search the designs vary")
     ap.add_argument("--design", action="append", default=[], metavar="NAME=KEY=VALUE,...",
                     help="a search design to simulate on the first batch's knee: --set overrides, e.g. "

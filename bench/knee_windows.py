@@ -1,6 +1,6 @@
 """How sharp a scenario's knee is on this machine, and how precise its capacity search can be there.
 
-    python bench/knee_windows.py [--scenario scenarios/chat.yaml] [--loads 42 45 48 51 54 57] [--windows 5]
+    python bench/knee_windows.py [--scenario loadgen/scenarios/chat.yaml] [--loads 42 45 48 51 54 57] [--windows 5]
                                  [--durations bench/results/capacity-steps-idle-forget.json]
                                  [--sims 2000] [--out bench/results/knee-windows.json]
 
@@ -199,7 +199,7 @@ def spread_figures(values: list[float], name: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", default=str(REPO / "scenarios" / "chat.yaml"))
+    ap.add_argument("--scenario", default=str(REPO / "loadgen" / "scenarios" / "chat.yaml"))
     ap.add_argument("--loads", type=float, nargs="+", default=[42, 45, 48, 51, 54, 57])
     ap.add_argument("--windows", type=int, default=5, help="windows per load")
     ap.add_argument("--durations", type=Path, default=REPO / "bench" / "results" / "capacity-steps-idle-forget.json",

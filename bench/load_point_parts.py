@@ -1,6 +1,6 @@
 """Where the plan's load points find the engine slower than the probe's fit: prefill or decode?
 
-    python bench/load_point_parts.py [--scenarios scenarios/long-prompt-burst.yaml ...] [--rates 5 10 15]
+    python bench/load_point_parts.py [--scenarios loadgen/scenarios/long-prompt-burst.yaml ...] [--rates 5 10 15]
                                      [--duration-s 20] [--out bench/results/load-point-parts.json]
 
 For each scenario: its embedded engine is started, the plan's probe fits the step-time model
@@ -73,7 +73,7 @@ def parts(url: str, scn, eng, model, rate: float, index: int, duration_s: float,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", type=Path, nargs="+", default=[REPO / "scenarios" / name for name in
+    ap.add_argument("--scenarios", type=Path, nargs="+", default=[REPO / "loadgen" / "scenarios" / name for name in
                                                                   ("long-prompt-burst.yaml", "customer-service.yaml")])
     ap.add_argument("--rates", type=float, nargs="+", default=[5.0, 10.0, 15.0])
     ap.add_argument("--duration-s", type=float, default=20.0)

@@ -2,7 +2,7 @@
 engine under memory pressure).
 
 Starts ``slobench serve --model tiny`` (the embedded engine, SLO-aware admission by default), rates it
-with ``slobench capacity scenarios/chat.yaml`` against that same server (unless ``--rated`` is given),
+with ``slobench capacity loadgen/scenarios/chat.yaml`` against that same server (unless ``--rated`` is given),
 then sends chat.yaml's workload with a 10 % premium / 60 % standard / 30 % basic mix for ``--rated-s`` at
 the rated load and for ``--overload-s`` at ``--factor`` x that load, and reports for each:
 
@@ -87,7 +87,8 @@ def idle_kv(url: str, timeout_s: float = 30.0) -> float | None:
 
 
 def rate_it(url: str, out: Path) -> float:
-    r = subprocess.run([sys.executable, "-m", "loadgen.cli", "capacity", str(REPO / "scenarios" / "chat.yaml"),
+    chat = REPO / "loadgen" / "scenarios" / "chat.yaml"
+    r = subprocess.run([sys.executable, "-m", "loadgen.cli", "capacity", str(chat),
                         "--target", url, "--out", str(out), "--json", "--no-progress", "--no-report"],
                        cwd=REPO, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
@@ -166,7 +167,7 @@ def main() -> int:
         try:
             pid = engine.proc.pid
             out["rated_rps"] = args.rated or rate_it(url, Path(d) / "capacity")
-            out["rated_from"] = "--rated" if args.rated else "slobench capacity scenarios/chat.yaml (this server)"
+            out["rated_from"] = "--rated" if args.rated else "slobench capacity chat (this server)"
             print(f"rated load {out['rated_rps']:.1f} req/s", flush=True)
             out["rss_kb_before"] = rss_kb(pid)
             out["at_rated"] = load_run(url, out["rated_rps"], args.rated_s, Path(d) / "rated")

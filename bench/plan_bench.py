@@ -1,6 +1,6 @@
 """`slobench plan` against `slobench capacity` on the embedded engine: predicted vs measured rated capacity.
 
-    python bench/plan_bench.py [--scenarios scenarios/chat.yaml ...] [--out bench/results/plan.json]
+    python bench/plan_bench.py [--scenarios loadgen/scenarios/chat.yaml ...] [--out bench/results/plan.json]
                                [--plan-arg=--requests=2000 ...] [--capacity-set search.step_duration_s=8 ...]
 
 For each scenario (default: chat.yaml, customer-service.yaml, long-prompt-burst.yaml):
@@ -119,7 +119,8 @@ def one(scenario: Path, work: Path, plan_args: list[str], sets: list[str]) -> di
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scenarios", type=Path, nargs="+", default=[REPO / "scenarios" / s for s in SCENARIOS])
+    ap.add_argument("--scenarios", type=Path, nargs="+", default=[REPO / "loadgen" / "scenarios" / s
+                                                                  for s in SCENARIOS])
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "plan.json")
     ap.add_argument("--plan-arg", action="append", default=[], help="passed to slobench plan (e.g. --requests=2000)")
     ap.add_argument("--capacity-set", action="append", default=[], help="passed to slobench capacity as --set")

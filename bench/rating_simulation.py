@@ -1,7 +1,7 @@
 """The capacity search and its rating against the calibration queue, simulated exactly, over many seeds:
 how accurate, how spread and how honest the rating and its interval are, free of machine noise.
 
-    python bench/rating_simulation.py [--scenario scenarios/calibrate.yaml] [--runs 99] [--refine 10 20 40]
+    python bench/rating_simulation.py [--scenario loadgen/scenarios/calibrate.yaml] [--runs 99] [--refine 10 20 40]
                                       [--designs fresh common] [--prefix-s 0] [--window-counts exact|drawn]
                                       [--no-floor]
                                       [--out bench/results/rating-simulation.json]
@@ -123,7 +123,7 @@ def pooled_log_bias(win: SimulatedSteps, truth: float, k: int = 20, repeats: int
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="the capacity search and rating against the exactly simulated "
                                              "calibration queue: accuracy, spread, interval coverage")
-    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "calibrate.yaml")
+    ap.add_argument("--scenario", type=Path, default=REPO / "loadgen" / "scenarios" / "calibrate.yaml")
     ap.add_argument("--runs", type=int, default=99, help="seeds per arrival design (default 99: 33 triples)")
     ap.add_argument("--refine", type=int, nargs="*", default=[10, 20, 40],
                     help="search.refine_steps to measure beside the default 0 (fresh draws; default 10 20 40)")

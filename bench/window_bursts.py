@@ -1,6 +1,6 @@
 """What decides a capacity window near chat.yaml's knee: its mean offered rate, or its busiest few seconds?
 
-    python bench/window_bursts.py [--scenario scenarios/chat.yaml] [--loads 46 50 54] [--windows 6]
+    python bench/window_bursts.py [--scenario loadgen/scenarios/chat.yaml] [--loads 46 50 54] [--windows 6]
                                   [--bursts 2 4 8] [--out bench/results/window-bursts.json]
 
 1. **Measure.** One embedded engine; every load ``--windows`` times, each window whole (no early stop), each
@@ -106,7 +106,7 @@ def half_pass_rate(window_s: float, burst_s: float, threshold_rps: float, sims: 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", default=str(REPO / "scenarios" / "chat.yaml"))
+    ap.add_argument("--scenario", default=str(REPO / "loadgen" / "scenarios" / "chat.yaml"))
     ap.add_argument("--loads", type=float, nargs="+", default=[46.0, 50.0, 54.0])
     ap.add_argument("--windows", type=int, default=6, help="windows per load")
     ap.add_argument("--bursts", type=float, nargs="+", default=[2.0, 4.0, 8.0], help="burst lengths (s)")

@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="check the capacity search: rate a queueing mock whose true capacity is "
                                          "known by simulation, print rated vs true")
     p.add_argument("scenario", type=Path, help="a synthetic, single-turn, open-loop scenario, e.g. "
-                                                "scenarios/calibrate.yaml")
+                                                "loadgen/scenarios/calibrate.yaml")
     p.add_argument("--ttft-ms", type=float, default=20.0, help="the mock's fixed prefill time (default 20)")
     p.add_argument("--itl-ms", type=float, default=20.0, help="the mock's time between tokens (default 20)")
     p.add_argument("--tokens", type=int, help="tokens per answer (default: the request's max_tokens)")

@@ -92,7 +92,8 @@ def test_mock_server_refuses_bad_queue_flags():
 
 
 def test_calibrate_end_to_end_writes_the_calibration_section(tmp_path):
-    r = slobench("calibrate", REPO / "scenarios" / "calibrate.yaml", "--out", tmp_path / "run", "--no-progress",
+    r = slobench("calibrate", REPO / "loadgen" / "scenarios" / "calibrate.yaml", "--out", tmp_path / "run",
+                 "--no-progress",
                  "--no-report", "--truth-requests", 4000, "--truth-seeds", 1, "--ideal-seeds", 2,
                  "--set", "search.step_duration_s=2.5", "--set", "search.warmup_s=0.5",
                  "--set", "search.tolerance=0.25", "--set", "search.max_steps=6", "--set", "search.refine_steps=2",
@@ -125,7 +126,8 @@ def test_a_stalled_step_is_measured_again_and_the_rating_holds(tmp_path):
     """The load generator stalled for 0.6 s in the ramp's 8 req/s step (the SLOBENCH_INJECT_STALL hook): that
     step is disturbed, measured again and decides nothing; the run stays valid, and the rating is the one
     the same search gives undisturbed (same seed, same steps), within the search's tolerance."""
-    args = ("calibrate", REPO / "scenarios" / "calibrate.yaml", "--no-progress", "--no-report", "--truth-requests",
+    args = ("calibrate", REPO / "loadgen" / "scenarios" / "calibrate.yaml", "--no-progress", "--no-report",
+            "--truth-requests",
             4000, "--truth-seeds", 1, "--ideal-seeds", 1, "--set", "search.step_duration_s=2.5", "--set",
             "search.warmup_s=0.5", "--set", "search.tolerance=0.25", "--set", "search.max_steps=8")
     calm = slobench(*args, "--out", tmp_path / "calm", timeout=180)
@@ -152,7 +154,7 @@ def test_a_stalled_step_is_measured_again_and_the_rating_holds(tmp_path):
     (["--truth-requests", "10"], "--truth-requests"),
 ])
 def test_calibrate_bad_flags_are_one_line_errors(args, words):
-    r = slobench("calibrate", REPO / "scenarios" / "calibrate.yaml", *args, timeout=60)
+    r = slobench("calibrate", REPO / "loadgen" / "scenarios" / "calibrate.yaml", *args, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
 
 
@@ -184,7 +186,7 @@ def _simulated_target(name: str):
     from loadgen.capacity.truth import QueueTruth, SimulatedSteps
     from loadgen.scenario.parse import load_scenario
 
-    scn = load_scenario(REPO / "scenarios" / name)
+    scn = load_scenario(REPO / "loadgen" / "scenarios" / name)
     truth = QueueTruth(scn, Q_DEFAULT, requests=50_000, seeds=4).capacity()
     return truth, SimulatedSteps(scn, Q_DEFAULT)
 
@@ -223,7 +225,7 @@ def test_a_simulated_step_with_a_prefix_starts_from_the_queue_s_load_not_an_idle
     from loadgen.capacity.truth import SimulatedSteps
     from loadgen.scenario.parse import load_scenario
 
-    scn = load_scenario(REPO / "scenarios" / "calibrate-steady.yaml")
+    scn = load_scenario(REPO / "loadgen" / "scenarios" / "calibrate-steady.yaml")
     idle, primed = SimulatedSteps(scn, Q_DEFAULT), SimulatedSteps(scn, Q_DEFAULT, prefix_s=60.0)
     load = 1.1 * 16 / 0.35  # 10 % over the queue's saturation: its backlog grows all the time
     v_idle, planned_idle = idle.ttfts(7, load)
@@ -239,7 +241,7 @@ def test_simulated_steps_count_their_arrivals_as_a_real_step_does():
     from loadgen.capacity.truth import SimulatedSteps
     from loadgen.scenario.parse import load_scenario
 
-    path = REPO / "scenarios" / "calibrate.yaml"
+    path = REPO / "loadgen" / "scenarios" / "calibrate.yaml"
     exact = SimulatedSteps(load_scenario(path, ["search.window_counts=exact"]), Q_DEFAULT)
     drawn = SimulatedSteps(load_scenario(path), Q_DEFAULT)
     assert [exact.ttfts(seed, 30.0)[1] for seed in range(5)] == pytest.approx([30.0] * 5, rel=1e-9)

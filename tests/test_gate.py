@@ -238,7 +238,7 @@ def test_example_workflow_uses_real_commands():
     cmds = [s["run"] for s in steps if "run" in s and ".venv/bin/slobench" in s["run"]]
     assert len(cmds) == 3
     for cmd in cmds:
-        line = " ".join(cmd.replace("\\\n", " ").split()).replace('"$SCENARIO"', "scenarios/chat.yaml")
+        line = " ".join(cmd.replace("\\\n", " ").split()).replace('"$SCENARIO"', "loadgen/scenarios/chat.yaml")
         line = line.replace("$RUN_ID", "r1")
         argv = shlex.split(line.split(".venv/bin/slobench", 1)[1])
         if argv[0] == "capacity" and "slobench capacity" not in (REPO / "loadgen/cli.py").read_text():

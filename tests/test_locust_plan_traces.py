@@ -14,7 +14,7 @@ from loadgen.scenario.steps import step_specs
 from loadgen.workload.traces import load_trace
 from tests.helpers import REPO
 
-SCENARIO = REPO / "scenarios" / "replay-mooncake.yaml"
+SCENARIO = REPO / "loadgen" / "scenarios" / "replay-mooncake.yaml"
 STEPS, STEP_S = [2.0, 4.0], 20.0
 
 

@@ -51,7 +51,8 @@ def test_probe_fits_a_sane_step_model(engine, tmp_path):
 @pytest.mark.slow
 def test_plan_calibrated_against_a_running_target(engine, tmp_path):
     out = tmp_path / "plan.json"
-    args = parse(str(REPO / "scenarios" / "chat.yaml"), "--calibrate", engine, "--requests", "1500", "--draws", "1",
+    args = parse(str(REPO / "loadgen" / "scenarios" / "chat.yaml"), "--calibrate", engine, "--requests", "1500",
+                 "--draws", "1",
                  "--probe-batches", "1,6", "--probe-contexts", "32,160", "--probe-output", "12",
                  "--probe-prefill", "32,96,200", "--probe-rounds", "2", "--target-rps", "100", "--json", str(out),
                  "--plot", str(tmp_path / "plan.html"), "--load-point", "0.3", "--load-point-s", "3")
@@ -75,15 +76,15 @@ def test_plan_calibrated_against_a_running_target(engine, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["scenarios/chat.yaml"], "give --hardware"),
-    (["scenarios/chat.yaml", "--hardware", "tpu9"], "unknown hardware"),
-    (["scenarios/chat.yaml", "--hardware", "H100", "--model", "layers=2"], "--model"),
-    (["scenarios/nope.yaml", "--hardware", "H100"], "not found"),
-    (["scenarios/replay-mooncake.yaml", "--hardware", "H100"], "synthetic"),
-    (["scenarios/chat.yaml", "--hardware", "H100", "--capacity-run", "/nonexistent"], "summary.json"),
-    (["scenarios/chat.yaml", "--calibrate", "localhost:1"], "expected http"),
-    (["scenarios/chat.yaml", "--calibrate", "embedded", "--load-point", "0.5,x"], "--load-point"),
-    (["scenarios/chat.yaml", "--calibrate", "embedded", "--load-point", "2"], "shares in"),
+    (["loadgen/scenarios/chat.yaml"], "give --hardware"),
+    (["loadgen/scenarios/chat.yaml", "--hardware", "tpu9"], "unknown hardware"),
+    (["loadgen/scenarios/chat.yaml", "--hardware", "H100", "--model", "layers=2"], "--model"),
+    (["loadgen/scenarios/nope.yaml", "--hardware", "H100"], "not found"),
+    (["loadgen/scenarios/replay-mooncake.yaml", "--hardware", "H100"], "synthetic"),
+    (["loadgen/scenarios/chat.yaml", "--hardware", "H100", "--capacity-run", "/nonexistent"], "summary.json"),
+    (["loadgen/scenarios/chat.yaml", "--calibrate", "localhost:1"], "expected http"),
+    (["loadgen/scenarios/chat.yaml", "--calibrate", "embedded", "--load-point", "0.5,x"], "--load-point"),
+    (["loadgen/scenarios/chat.yaml", "--calibrate", "embedded", "--load-point", "2"], "shares in"),
 ])
 def test_bad_input_is_a_usage_error(argv, message, monkeypatch):
     monkeypatch.chdir(REPO)
@@ -93,7 +94,8 @@ def test_bad_input_is_a_usage_error(argv, message, monkeypatch):
 
 
 def test_theory_plan_on_a_spec_sheet_accelerator(tmp_path):
-    args = parse(str(REPO / "scenarios" / "chat.yaml"), "--hardware", "H100", "--requests", "800", "--draws", "1",
+    args = parse(str(REPO / "loadgen" / "scenarios" / "chat.yaml"), "--hardware", "H100", "--requests", "800",
+                 "--draws", "1",
                  "--model", "layers=32,hidden=4096,heads=32,kv_heads=8,intermediate=14336,vocab=128256",
                  "--target-rps", "50", "--headroom", "0.2")
     plan = build(args)
@@ -118,7 +120,8 @@ def test_a_capacity_run_gets_the_prediction_in_its_report(tmp_path):
             e = st["tiers"][tier]
             e["judged"] = {"ttft_ms": {"value_ms_q": e["p99_ttft_ms"], "threshold_ms": thr, "n": e["requests"]}}
     (run / "summary.json").write_text(json.dumps(summary))
-    args = parse(str(REPO / "scenarios" / "chat.yaml"), "--hardware", "H100", "--requests", "600", "--draws", "1",
+    args = parse(str(REPO / "loadgen" / "scenarios" / "chat.yaml"), "--hardware", "H100", "--requests", "600",
+                 "--draws", "1",
                  "--model", "layers=32,hidden=4096,heads=32,kv_heads=8,intermediate=14336,vocab=128256",
                  "--capacity-run", str(run))
     assert cmd_plan(args) == 0
@@ -142,10 +145,10 @@ def test_the_probe_covers_the_scenarios_longest_prompt():
     cannot hold it, so the fit sees a long prompt's later chunks; --probe-prefill replaces the lengths."""
     from loadgen.commands.plan import probe_plan
 
-    args = parse("scenarios/long-prompt-burst.yaml", "--hardware", "host")
+    args = parse("loadgen/scenarios/long-prompt-burst.yaml", "--hardware", "host")
     assert probe_plan(args, 256, 1024).prefill_lengths == (32, 128, 256, 1024)
     assert probe_plan(args, 256, 1024).chunk == 256
     assert probe_plan(args, 256, 100_000).prefill_lengths[-1] == 4096
     assert probe_plan(args, 256, 200).prefill_lengths == probe_plan(args, None, 1024).prefill_lengths == (32, 128, 256)
-    own = parse("scenarios/long-prompt-burst.yaml", "--hardware", "host", "--probe-prefill", "64,512")
+    own = parse("loadgen/scenarios/long-prompt-burst.yaml", "--hardware", "host", "--probe-prefill", "64,512")
     assert probe_plan(own, 256, 1024).prefill_lengths == (64, 512)

@@ -19,7 +19,7 @@ ENGINE = EngineShape(max_num_seqs=64, tier_ttft_slo_ms={"premium": 300.0, "stand
 
 @pytest.fixture(scope="module")
 def requests():
-    scn = load_scenario("scenarios/chat.yaml", [])
+    scn = load_scenario("loadgen/scenarios/chat.yaml", [])
     return requests_of(step_specs(scn, "rate", 30.0, 0, 0.0, 20.0, draw=1))
 
 

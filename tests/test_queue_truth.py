@@ -75,7 +75,7 @@ def test_latencies_of_the_mock_schedule():
 
 @pytest.fixture(scope="module")
 def truth():
-    scn = load_scenario(REPO / "scenarios" / "calibrate.yaml")
+    scn = load_scenario(REPO / "loadgen" / "scenarios" / "calibrate.yaml")
     return QueueTruth(scn, QueueParams(), requests=8000, seeds=2)
 
 

@@ -123,7 +123,8 @@ def make_capacity_run(path: Path, *, knee: float = 8.0, scale: float = 1.0, erro
     passing = [s["load"] for s in steps if s["passed"]]
     rated = max(passing) if passing else None
     summary = {
-        "kind": "capacity", "run_id": path.name, "scenario": {"name": "chat<script>", "path": "scenarios/chat.yaml"},
+        "kind": "capacity", "run_id": path.name, "scenario": {"name": "chat<script>",
+                                                         "path": "loadgen/scenarios/chat.yaml"},
         **META, "duration_s": t0, "verdict": "rated" if rated else "never_met",
         "verdict_text": f"rated capacity {rated} req/s" if rated else "the SLO was never met",
         "axis": axis, "slo": slo, "headroom": 0.2,
@@ -152,7 +153,7 @@ def make_fixed_run(path: Path, *, n: int = 200, ttft_ms: float = 80.0, fail_all:
         else:
             recs.append(_record(k, 0, tier, k * 0.05, ttft_ms * rng.uniform(0.8, 1.2), timing=timing))
     s = summarize(recs, tier_slos={"premium": {"ttft_ms": 300.0}})
-    s.update(kind=kind, run_id=path.name, scenario="scenarios/chat.yaml", **META)
+    s.update(kind=kind, run_id=path.name, scenario="loadgen/scenarios/chat.yaml", **META)
     return write_run(path, recs, s if summary else None,
                      _metric_lines(n * 0.05, ["premium", "standard"], lambda t: 4.0) if metrics else None)
 

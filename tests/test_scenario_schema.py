@@ -18,7 +18,7 @@ from loadgen.scenario.parse import apply_override, load_scenario, parse_scenario
 from loadgen.scenario.steps import step_specs
 
 REPO = Path(__file__).resolve().parents[1]
-SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted((REPO / "loadgen" / "scenarios").glob("*.yaml"))
 
 GOOD = """
 name: t
@@ -236,7 +236,7 @@ def test_embedded_engine_keeps_the_scenarios_ttft_promises():
     from loadgen.commands.plan import engine_shape
     from loadgen.target.embedded import engine_args
 
-    burst = load_scenario(REPO / "scenarios" / "long-prompt-burst.yaml")
+    burst = load_scenario(REPO / "loadgen" / "scenarios" / "long-prompt-burst.yaml")
     opts = burst.engine_options()
     assert opts["tier_ttft_slo_ms"] == {"premium": 600.0, "standard": 1500.0}
     assert opts["prefill_chunk_size"] == 256  # the engine section is kept

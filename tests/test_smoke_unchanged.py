@@ -1,4 +1,4 @@
-"""The loadgen restructuring changed no behaviour: a fixed-seed ``slobench run scenarios/smoke.yaml`` on
+"""The loadgen restructuring changed no behaviour: a fixed-seed ``slobench run loadgen/scenarios/smoke.yaml`` on
 the embedded engine gives the summary keys and the request records (apart from times) that it gave
 before it (``tests/fixtures/smoke-seed7-before-layout.json``, recorded from the code of commit efb25dd).
 Keys added since are listed: the breakdown's network and mean TTFT (when its two schemas became one), the
@@ -42,7 +42,7 @@ def keys(o: object, prefix: str = "") -> list[str]:
 
 @pytest.mark.slow
 def test_fixed_seed_smoke_run_gives_the_same_summary_keys_and_records(tmp_path):
-    r = slobench("run", REPO / "scenarios" / "smoke.yaml", "--seed", 7, "--out", tmp_path / "smoke",
+    r = slobench("run", REPO / "loadgen" / "scenarios" / "smoke.yaml", "--seed", 7, "--out", tmp_path / "smoke",
                  "--no-progress", "--no-report", timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())

@@ -78,7 +78,7 @@ def paged_kv(p: PagedParams) -> ExperimentResult:
 
 @dataclass(frozen=True)
 class PrefixParams:
-    """Customer-service traffic as scenarios/customer-service.yaml: 4 system prompts of 512 tokens on 95% of
+    """Customer-service traffic as loadgen/scenarios/customer-service.yaml: 4 system prompts of 512 tokens on 95% of
     requests, user messages of 24-96 tokens, answers of 24-64."""
 
     model: str = "tiny"

@@ -153,7 +153,7 @@ def profile_interval(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: floa
     NaN where not counted) puts a floor under phi: the windows' mean run, their exceedances over their
     runs. Exceedances that come in runs of mean size S make a count vary at least S times a binomial's,
     and Pearson's statistic cannot see it where the windows are few or the knee so sharp that the fit
-    nearly separates them: on the paced calibration queue (``scenarios/calibrate-steady.yaml``) the
+    nearly separates them: on the paced calibration queue (``loadgen/scenarios/calibrate-steady.yaml``) the
     interval held the truth in 76 % of simulated runs without the floor, 96 % with it (``bench/results/
     rating-simulation-steady-pearson.json``, ``rating-simulation-steady.json``). Why not only a bootstrap of
     the windows: the search places each window from the verdicts before it, and a bootstrap that keeps

@@ -44,7 +44,8 @@ def register(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="capacity planning: theory, a calibration probe, a simulated rated capacity, "
                                     "replicas for a target load, the comparison with a capacity run",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", type=Path, help="a synthetic, single-turn, open-loop scenario, e.g. scenarios/chat.yaml")
+    p.add_argument("scenario", type=Path, help="a synthetic, single-turn, open-loop scenario, e.g. "
+                                                "loadgen/scenarios/chat.yaml")
     p.add_argument("--model", help="an engine preset (tiny, small), a Hugging Face folder with config.json, or "
                                    "sizes layers=32,hidden=4096,heads=32,kv_heads=8,intermediate=14336,vocab=128256 "
                                    "(default: the scenario's engine.model, else tiny)")

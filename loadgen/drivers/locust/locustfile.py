@@ -1,7 +1,7 @@
 """slobench's Locust driver: streaming LLM users, an SLO ramp shape, records gathered at the master.
 
     locust -f loadgen/drivers/locust/locustfile.py --headless --host http://127.0.0.1:8000 \\
-        --slobench-scenario scenarios/smoke.yaml --slobench-out reports/my-run
+        --slobench-scenario loadgen/scenarios/smoke.yaml --slobench-out reports/my-run
     # a ramp that stops (exit code 3) when a tier's p99 TTFT SLO breaks:
     locust -f loadgen/drivers/locust/locustfile.py --headless --host URL --slobench-scenario S.yaml \\
         --slobench-steps 2,4,8,16 --slobench-step-s 20 --slobench-warmup-s 5
