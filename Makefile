@@ -1,4 +1,6 @@
-# Idempotent local setup: `make test` or `make capacity` from a fresh clone does everything.
+# Idempotent local setup: `make test` or `make capacity` from a fresh clone does everything: the client, the
+# reference engine (the `engine` extra, after the right torch build) and the test tools.
+# `make setup-client` is the load generator alone, as `pip install .` gives it (no torch), in $(CLIENT_VENV).
 # Setup prints one line per step. pip's output goes to $(LOG): printed in full when a step fails,
 # otherwise only its warnings that matter (scripts/quietly.sh lists the harmless ones).
 PY ?= python3
@@ -8,7 +10,9 @@ STAMP := $(VENV)/.installed
 LOG := $(VENV)/setup.log
 QUIETLY := scripts/quietly.sh $(LOG)
 
-.PHONY: setup test lint demo capacity clean
+CLIENT_VENV ?= .venv-client
+
+.PHONY: setup setup-client test lint demo capacity clean
 
 $(STAMP): pyproject.toml scripts/install-torch.sh scripts/quietly.sh
 	@if [ ! -x $(BIN)/python ]; then echo "setup: creating $(VENV) ($$($(PY) --version))"; $(PY) -m venv $(VENV); fi
@@ -16,12 +20,19 @@ $(STAMP): pyproject.toml scripts/install-torch.sh scripts/quietly.sh
 	@echo "setup: upgrading pip in $(VENV)"
 	@$(QUIETLY) $(BIN)/python -m pip install --upgrade pip
 	@scripts/install-torch.sh $(BIN)/python $(LOG)
-	@echo "setup: installing slobench (editable) with its test extras"
-	@$(QUIETLY) $(BIN)/python -m pip install -e '.[test,triton]'
+	@echo "setup: installing slobench (editable) with the engine and test extras"
+	@$(QUIETLY) $(BIN)/python -m pip install -e '.[engine,test,triton]'
 	@touch $(STAMP)
 	@echo "setup: done (pip's output: $(LOG))"
 
 setup: $(STAMP)
+
+# The client alone: what `pip install .` gives a user who drives their own server (no torch, no engine).
+setup-client:
+	@if [ ! -x $(CLIENT_VENV)/bin/python ]; then echo "setup: creating $(CLIENT_VENV)"; $(PY) -m venv $(CLIENT_VENV); fi
+	@echo "setup: installing slobench (the client alone) into $(CLIENT_VENV)"
+	@scripts/quietly.sh $(CLIENT_VENV)/setup.log $(CLIENT_VENV)/bin/python -m pip install .
+	@echo "setup: done: $(CLIENT_VENV)/bin/slobench scenarios"
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -37,4 +48,4 @@ demo: $(STAMP)
 	$(BIN)/slobench generate "The quick brown fox" --max-tokens 32
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CLIENT_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from engine.model import ARCH_BY_MODEL_TYPE, AttentionFn, CausalLM, ModelConfig, rope_inv_freq
+from engine.model import AttentionFn, CausalLM, rope_inv_freq
+from engine.model_config import ARCH_BY_MODEL_TYPE, PRESETS, ModelConfig
 from engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -22,33 +23,6 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 
 class ModelLoadError(ValueError):
     pass
-
-
-def _byte_preset(**sizes) -> ModelConfig:
-    tok = ByteTokenizer()
-    return ModelConfig(
-        vocab_size=tok.vocab_size,
-        rope_theta=500000.0,
-        max_position_embeddings=8192,  # traces carry long prompts
-        architecture="LlamaForCausalLM",
-        bos_token_id=tok.bos_token_id,
-        eos_token_ids=list(tok.eos_token_ids),
-        **sizes,
-    )
-
-
-# Random-weight presets so the suite runs with nothing downloaded. `tiny` is sized so a 512-token prefill
-# takes ~0.1 s on one core of a 2-core CI box, which keeps scheduling effects visible at small loads.
-PRESETS: dict[str, ModelConfig] = {
-    "tiny": _byte_preset(
-        hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=32,
-    ),
-    "small": _byte_preset(
-        hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-    ),
-}  # fmt: skip
 
 
 def load_model(
