@@ -11,6 +11,7 @@
     slobench plan SCENARIO.yaml --model M --hardware H   capacity planning: theory, calibration, prediction
     slobench watch TARGET --baseline RUN_DIR             the five health signals against a capacity run
     slobench export-monitoring RUN_DIR                   Grafana dashboard + Prometheus alerts from a run
+    slobench scenarios [NAME]                            the built-in scenarios, or one's YAML to copy
     slobench experiments [NAME ...] [--reduced]          the seed's claims measured on the reference engine
     slobench serve ...                                    the reference engine's server
     slobench generate PROMPT                              one offline generation with the engine
@@ -31,7 +32,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loadgen.commands.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError, engine_opt
+from loadgen.commands.flags import (
+    CAPACITY_EXAMPLES,
+    REPLAY_EXAMPLES,
+    RUN_EXAMPLES,
+    SCENARIO_HELP,
+    SET_HELP,
+    add_slo_args,
+    add_target_args,
+    add_workload_args,
+)
 from loadgen.results.latency import LATENESS_BOUND_MS
+from loadgen.results.runmeta import slobench_version
+from loadgen.target.embedded import EngineNotInstalled
 
 __all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -62,28 +75,12 @@ def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", metavar="ID", help="run folder name under --reports (default: timestamp-name)")
 
 
-def _target_args(p: argparse.ArgumentParser) -> None:
-    """How slobench fits its requests to the target, the same on every load command."""
-    p.add_argument("--tokenizer", type=Path, metavar="DIR",
-                   help="the target model's Hugging Face tokenizer folder (tokenizer.json): text prompts of the exact "
-                        "intended token length for servers that take only text (default: the server's /tokenize "
-                        "when it has one, else approximate lengths, checked against its usage)")
-    p.add_argument("--endpoint", choices=("completions", "chat", "responses"),
-                   help="the API to send every request to: /v1/completions, /v1/chat/completions or the Responses "
-                        "API /v1/responses (default: the scenario's client.endpoint, else by prompt kind: chat "
-                        "messages to chat, the rest to completions)")
-    p.add_argument("--no-probe", action="store_true",
-                   help="do not probe what the target accepts: send every optional field and token-id prompts "
-                        "(a vLLM-like server)")
-
-
 def _common_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target",
-                   help="base URL of an OpenAI-compatible server (default: start the reference engine)")
-    p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
-    _target_args(p)
+    add_target_args(p)
+    add_slo_args(p)
     _output_args(p)
-    p.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs for goodput, e.g. ttft:300 tpot:50")
+    p.add_argument("--goodput", nargs="+", metavar="NAME:MS",
+                   help="SLOs for goodput, e.g. ttft:300 tpot:50 (default: the --slo thresholds)")
     p.add_argument("--workers", type=int, help="replayer processes the schedule is sharded over")
     p.add_argument("--driver", choices=("aiohttp", "locust"), default="aiohttp",
                    help="load generator: the aiohttp replayer (default) or Locust (--workers: its processes)")
@@ -111,16 +108,22 @@ def _mock_queue_args(p: argparse.ArgumentParser, slots: int = 0, prefill: float 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="slobench", description="Load tests and trace replay for LLM inference services.")
+    ap.add_argument("--version", action="version", version=f"slobench {slobench_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("run", help="run a scenario file")
-    p.add_argument("scenario", type=Path)
-    p.add_argument("--seed", type=int)
+    p = sub.add_parser("run", help="one fixed load: a scenario, or flags alone", epilog=RUN_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", nargs="?", help=SCENARIO_HELP)
+    p.add_argument("--seed", type=int, help="the workload's seed (arrivals, lengths, prompts)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    add_workload_args(p, load=True)
     _common_run_args(p)
 
-    p = sub.add_parser("replay", help="replay a trace file")
+    p = sub.add_parser("replay", help="replay a trace file", epilog=REPLAY_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", type=Path)
-    p.add_argument("--format", choices=("mooncake", "azure", "burstgpt", "sharegpt"))
+    p.add_argument("--format", choices=("mooncake", "azure", "burstgpt", "sharegpt", "prompts"),
+                   help="the trace's format (default: from its name and first line)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply inter-arrival gaps (0.5: twice as fast)")
     p.add_argument("--rate", type=float, help="override the mean rate (req/s), keeping the burst shape")
@@ -144,20 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common_run_args(p)
 
     p = sub.add_parser("capacity", help="rated capacity: ramp the load until an SLO breaks, then bisect",
-                       epilog="exit codes: 0 a verdict (rated, never_broke, never_met); 1 the target failed; "
-                              "2 bad input; 3 verdict invalid: it rests on a step whose load generator fell "
-                              "behind, even after re-measuring it (the numbers are saved; do not trust them); "
-                              "130 Ctrl-C or SIGTERM")
-    p.add_argument("scenario", type=Path)
-    p.add_argument("--target",
-                   help="base URL of an OpenAI-compatible server (default: start the reference engine)")
-    _target_args(p)
+                       epilog=CAPACITY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", nargs="?", help=SCENARIO_HELP)
+    add_target_args(p)
+    add_slo_args(p)
+    add_workload_args(p, load=False)
     _output_args(p)
-    p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="the workload's seed (arrivals, lengths, prompts)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario value by its dotted path (repeatable), e.g. search.start=4; "
-                        "search.max_duration_s=240 bounds the run's time (no step starts that would end past it)")
+                   help=SET_HELP + "; search.max_duration_s=240 bounds the run's time (no step starts that would "
+                                   "end past it)")
     p.add_argument("--engine-opt", action="append", type=engine_opt, default=[], metavar="KEY=VALUE",
                    help="option for the embedded engine server (repeatable), e.g. max_num_seqs=8")
     p.add_argument("--no-progress", action="store_true", help="no live display")
@@ -169,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="load generator processes per step: Locust processes (--driver locust) "
                    "or sharded replayer processes (aiohttp; no early stop within a step)")
 
-    p = sub.add_parser("summarize", help="rebuild summary.json from a run folder")
+    p = sub.add_parser("summarize", help="rebuild a fixed-load run's summary.json from its records (its kind and "
+                       "metadata kept); a capacity run's is refused (exit 2) and left as it is")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--goodput", nargs="+", metavar="NAME:MS")
     p.add_argument("--lateness-bound-ms", type=float, default=LATENESS_BOUND_MS)
@@ -198,7 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "--prefill-ms-per-token x its prompt tokens), default 50")
     p.add_argument("--itl-ms", type=float, default=20.0, help="time between tokens, default 20")
     p.add_argument("--tokens", type=int, help="tokens per stream (default: the request's max_tokens)")
-    p.add_argument("--model", default="mock")
+    p.add_argument("--model", help="the model name it serves (default mock); any name asked for is answered "
+                                   "unless --check-model")
+    p.add_argument("--models", metavar="NAME,...",
+                   help="several model names it serves (instead of --model): /v1/models lists them all and an "
+                        "answer carries the name asked for")
+    p.add_argument("--check-model", action="store_true",
+                   help="answer a request naming a model it does not serve 404, in vLLM's words: {\"error\": "
+                        "{\"message\": \"The model `x` does not exist.\", \"type\": \"NotFoundError\", \"code\": 404}}")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="as vLLM's --api-key: every request under /v1 must carry 'Authorization: Bearer KEY', else "
+                        "401 {\"error\": \"Unauthorized\"}; /health and /metrics stay open")
+    p.add_argument("--log-requests", metavar="FILE",
+                   help="a test aid: append one JSON line per HTTP request received (method, path, headers with "
+                        "lower-cased names, the JSON body or null), refused ones too; one write per line")
     p.add_argument("--strict", action="store_true",
                    help="a strict OpenAI server: 422 on unknown fields (ignore_eos, min_tokens ...), 400 on a "
                         "non-string prompt, usage only with stream_options.include_usage, no timing, no /metrics")
@@ -260,13 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
 
-    from loadgen.commands import experiments, export_monitoring, watch
+    from loadgen.commands import experiments, export_monitoring, scenarios, watch
     from loadgen.commands.plan import register as register_plan
 
     register_plan(sub)
     watch.register(sub)
     export_monitoring.register(sub)
     experiments.register(sub)
+    scenarios.register(sub)
     return ap
 
 
@@ -279,13 +293,15 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     from loadgen.commands.load_runs import cmd_replay, cmd_run
     from loadgen.commands.plan import cmd_plan
     from loadgen.commands.results import cmd_gate, cmd_report, cmd_summarize
+    from loadgen.commands.scenarios import cmd_scenarios
     from loadgen.commands.targets import cmd_generate, cmd_mock_server
     from loadgen.commands.watch import cmd_watch
 
     return {"run": cmd_run, "replay": cmd_replay, "summarize": cmd_summarize, "capacity": cmd_capacity,
             "mock-server": cmd_mock_server, "generate": cmd_generate, "report": cmd_report, "gate": cmd_gate,
             "calibrate": cmd_calibrate, "plan": cmd_plan, "watch": cmd_watch,
-            "export-monitoring": cmd_export_monitoring, "experiments": cmd_experiments}
+            "export-monitoring": cmd_export_monitoring, "experiments": cmd_experiments,
+            "scenarios": cmd_scenarios}
 
 
 # The commands that measure, save as they go or start an engine: SIGTERM takes Ctrl-C's path there. The
@@ -312,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in SIGTERM_AS_CTRL_C:
             signal.signal(signal.SIGTERM, _terminated)
         return _commands()[args.cmd](args)
-    except UsageError as e:
+    except (UsageError, EngineNotInstalled) as e:  # bad input, or the engine extra not installed
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -63,14 +63,16 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     specs = list(specs)
     prepared = prepare_target(opts.client.target, opts.client.model, specs, opts.target_options)
     prepared.adapt(specs)
-    opts = replace(opts, client=replace(opts.client, model=prepared.model, shape=prepared.shape))
+    opts = replace(opts, client=replace(opts.client, model=prepared.model, shape=prepared.shape,
+                                        headers=prepared.headers, extra_body=prepared.extra_body))
     run_dir = Path(opts.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started_at = now_iso()
     req_path, met_path = run_dir / "requests.jsonl", run_dir / "metrics.jsonl"
     for p in (req_path, met_path):
         p.unlink(missing_ok=True)
-    config = {"target": opts.client.target, "client": asdict(opts.client), "workers": opts.workers,
+    client = asdict(opts.client) | {"headers": sorted(opts.client.headers)}  # names only: a header may be a secret
+    config = {"target": opts.client.target, "client": client, "workers": opts.workers,
               "concurrency": opts.concurrency, "requests_planned": len(specs), **opts.meta,
               **prepared.as_summary()}
     if opts.driver == "locust":

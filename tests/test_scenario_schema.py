@@ -13,8 +13,9 @@ import yaml
 
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.scenario.engine_options import ENGINE_OPTIONS
+from loadgen.scenario.flags import apply_override
 from loadgen.scenario.model import ScenarioError
-from loadgen.scenario.parse import apply_override, load_scenario, parse_scenario
+from loadgen.scenario.parse import load_scenario, parse_scenario
 from loadgen.scenario.steps import step_specs
 
 REPO = Path(__file__).resolve().parents[1]

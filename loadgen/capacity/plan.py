@@ -56,4 +56,7 @@ class CapacityPlan:
         return self.search.axis == "concurrency"
 
     def quantile(self, tier: str) -> float:
-        return self.scenario.tier_quantiles.get(tier, self.step.quantile)
+        """The tier's highest judged quantile (its SLOs may each have their own), which decides how many
+        requests a step's window needs; the tier's (or the search's) quantile for a tier with no SLO."""
+        qs = [s.quantile for s in self.slos.get(tier, [])]
+        return max(qs) if qs else self.scenario.tier_quantiles.get(tier, self.step.quantile)

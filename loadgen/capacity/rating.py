@@ -161,7 +161,7 @@ def _exceedances(steps: Iterable[Mapping[str, Any]], axis: str
                 if over is None:  # a summary from before steps counted their exceedances
                     continue
                 m = _margin(j.get("value_ms_q"), thr)
-                level[(tier, metric)] = 1.0 - float(e.get("quantile") or 0.99)
+                level[(tier, metric)] = 1.0 - float(j.get("quantile") or e.get("quantile") or 0.99)
                 runs = _num(j.get("runs"))
                 pts.setdefault((tier, metric), []).append((cols, x, over, n, math.log(m),
                                                            math.nan if runs is None else runs))

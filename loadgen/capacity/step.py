@@ -132,6 +132,7 @@ class CapacityRunner:
                            read_timeout_s=s.read_timeout_s)
         if self.prepared is not None:
             cfg.shape = self.prepared.shape
+            cfg.headers, cfg.extra_body = self.prepared.headers, self.prepared.extra_body
         self.driver = make_driver(self.driver_kind, cfg, self.writer, workers=self.workers, work_dir=self.run_dir,
                                   drain_s=self.plan.drain_s, tier_slos=s.tier_slos)
         await self.driver.open()

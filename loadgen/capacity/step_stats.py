@@ -169,8 +169,9 @@ def tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: f
         jj = judge(values, slo, confidence, seed=seed)
         entry["judged"][slo.metric] = {"value_ms_q": jj.value_ms, "ci_low_ms": jj.ci_low_ms,
                                        "ci_high_ms": jj.ci_high_ms, "threshold_ms": slo.threshold_ms,
-                                       "passed": jj.passed, "confident": jj.confident, "over": jj.over,
-                                       "n": jj.n, "runs": clusters(values > slo.threshold_ms, decluster_run)}
+                                       "quantile": slo.quantile, "passed": jj.passed, "confident": jj.confident,
+                                       "over": jj.over, "n": jj.n,
+                                       "runs": clusters(values > slo.threshold_ms, decluster_run)}
         verdicts.append(jj)
     entry["passed"] = all(v.passed for v in verdicts if v.passed is not None)
     entry["confident"] = all(v.confident for v in verdicts)

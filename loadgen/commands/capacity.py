@@ -17,11 +17,13 @@ from loadgen.commands.common import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_USAGE,
     UsageError,
     interval_basis,
     run_dir_from,
     target_options,
 )
+from loadgen.commands.flags import scenario_from_args, target_url
 from loadgen.commands.summary_table import print_target_fit
 
 EXIT_INVALID = 3
@@ -33,8 +35,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from loadgen.results.rundir import json_default
     from loadgen.scenario.model import ScenarioError
     from loadgen.scenario.options import StepOptions
-    from loadgen.scenario.parse import load_scenario
     from loadgen.scenario.steps import step_specs
+    from loadgen.target.access import AccessError
     from loadgen.target.discovery import TargetError
     from loadgen.target.embedded import EngineStartError
     from loadgen.target.probe import ProbeError
@@ -42,13 +44,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from loadgen.workload.exact_text import ExactLengthError
     from loadgen.workload.tokenizer import TokenizerError
 
+    scn, path = scenario_from_args(args, needs_slo=True)
+    target = target_url(args.target or scn.target)
     try:
-        scn = load_scenario(args.scenario, overrides=list(args.set or []))
-        if args.seed is not None:
-            scn.seed = args.seed
-        target = args.target or scn.target
-        if target and not target.startswith(("http://", "https://")):
-            raise UsageError(f"--target must be an http(s) URL, got {target!r}")
         CapacityPlan.from_scenario(scn)  # bad input fails before an engine starts
         # the workload itself must build (a bad trace path, an empty trace)
         step_specs(scn, scn.search.axis if scn.search else "rate", (scn.search.start if scn.search else 1.0),
@@ -60,14 +58,14 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
         res = run_capacity(scn, run_dir, target=target, engine_opts=engine_opts, model=args.model or scn.model,
-                           progress=not args.no_progress, scenario_path=str(args.scenario), log=say,
+                           progress=not args.no_progress, scenario_path=str(path), log=say,
                            driver=args.driver, workers=args.workers or 1, target_options=target_options(args, scn))
     except EngineStartError as e:
         say(f"error: could not start the reference engine: {e}")
         return EXIT_FAIL
     except (TargetError, ProbeError) as e:
         say(f"error: {e}")
-        return EXIT_FAIL
+        return EXIT_USAGE if isinstance(e, AccessError) else EXIT_FAIL
     except (TargetFitError, TokenizerError, ExactLengthError) as e:
         raise UsageError(str(e)) from None
     s = res.summary
@@ -94,20 +92,23 @@ def _num(x: float | None) -> str:
 
 
 def print_verdict(s: dict[str, Any]) -> None:
-    """The rated capacity (or its absence), the concurrency there and the verdict text."""
+    """The rated capacity once (the summary's ``headline``: the offered rate, the requested beside it), its
+    interval, the concurrency there, then the search's account of its steps (``search_text``)."""
     from rich.console import Console
+    from rich.markup import escape
+
+    from loadgen.capacity.headline import headline
 
     con = Console()
     r = s.get("rated_capacity")
     unit = "req/s"
     verdict = s.get("search_verdict") or s["verdict"]
-    if r and verdict in ("rated", "never_broke"):
-        at_least = "at least " if verdict == "never_broke" else ""
+    head = s.get("headline") or headline(r, verdict, s.get("axis", "rate"))  # an older summary has none
+    if r and head:
         bad = "[bold red]INVALID[/] " if s["verdict"] == "invalid" else ""
-        con.print(f"{bad}[bold]rated capacity: {at_least}{r['rate_rps']:.3g} req/s[/]"
-                  + (f" at {r['load']:.0f} users" if s["axis"] == "concurrency" else
-                     (f" offered (requested {r['requested_rps']:.3g})" if r.get("requested_rps") else ""))
-                  + f"  (spec capacity {r['spec_rate_rps']:.3g} {unit} with {100 * s['headroom']:g}% headroom)"
+        con.print(f"{bad}[bold]{escape(head)}[/]"
+                  + (f"  (spec capacity {r['spec_rate_rps']:.3g} {unit} with {100 * s['headroom']:g}% headroom)"
+                     if r.get("spec_rate_rps") is not None else "")
                   + (f"; judged over {r['window_s']:.0f} s windows" if r.get("window_s") else ""))
         if r.get("ci_low") is not None:
             of = "users" if r.get("ci_of") == "concurrency" else "req/s"
@@ -125,7 +126,8 @@ def print_verdict(s: dict[str, Any]) -> None:
                       + (f"; output {r['output_tok_s']:.0f} tok/s" if r.get("output_tok_s") else ""))
     else:
         con.print("[bold red]no rated capacity[/]")
-    con.print(s["verdict_text"])
+    # the search's own account (its loads are the requested ones); an older summary has only verdict_text
+    con.print(escape(f"search: {s['search_text']}" if s.get("search_text") else s["verdict_text"]))
     print_target_fit(con, s)
     if not s.get("valid"):
         con.print(f"[bold red]INVALID RUN:[/] {s.get('invalid_reason', '')}")

@@ -4,6 +4,7 @@ capacity summary's interval is described."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,30 @@ def pick(cli_value, default):
     return default if cli_value is None else cli_value
 
 
+def access_from(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The credentials and headers (``--api-key`` or ``$OPENAI_API_KEY``, ``--header``) and ``--extra-body``."""
+    from loadgen.target.access import Access, parse_extra_body, parse_header
+
+    key = getattr(args, "api_key", None)
+    key = key if key is not None else os.environ.get("OPENAI_API_KEY") or None
+    try:
+        headers = dict(parse_header(h) for h in getattr(args, "header", None) or [])
+        extra = parse_extra_body(args.extra_body) if getattr(args, "extra_body", None) else {}
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return Access(api_key=key, headers=headers), extra
+
+
 def target_options(args: argparse.Namespace, scenario=None):
-    """How to fit the requests to the target: ``--no-probe``, ``--tokenizer DIR``, and the fields the
-    scenario asked for explicitly (``workload.ignore_eos: true``, ``client.send_tier``), and the endpoint
-    (``--endpoint``, else the scenario's ``client.endpoint``)."""
+    """How to reach the target and fit the requests to it: the credentials, headers and extra body
+    (``access_from``), ``--no-probe``, ``--tokenizer``, the fields the scenario asked for explicitly
+    (``workload.ignore_eos: true``, ``client.send_tier``), and the endpoint (``--endpoint``, else the
+    scenario's ``client.endpoint``)."""
     from loadgen.target.prepare import TargetOptions
 
+    access, extra_body = access_from(args)
     return TargetOptions(probe=not getattr(args, "no_probe", False), tokenizer_dir=getattr(args, "tokenizer", None),
+                         access=access, extra_body=extra_body,
                          explicit=set(scenario.explicit_fields) if scenario is not None else set(),
                          send_tier=scenario.send_tier if scenario is not None else None,
                          continuous_usage=getattr(scenario, "continuous_usage", None),

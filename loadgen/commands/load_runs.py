@@ -13,12 +13,14 @@ from loadgen.commands.common import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_USAGE,
     UsageError,
     goodput_slos,
     pick,
     run_dir_from,
     target_options,
 )
+from loadgen.commands.flags import scenario_flags, scenario_from_args, target_url
 from loadgen.commands.summary_table import print_summary
 from loadgen.results.latency import LATENESS_BOUND_MS
 
@@ -45,26 +47,23 @@ class LoadRun:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from loadgen.scenario.model import ScenarioError
-    from loadgen.scenario.parse import load_scenario
 
     goodput_slos(args.goodput)  # bad SLOs fail before anything is loaded
+    scn, path = scenario_from_args(args)
     try:
-        scn = load_scenario(args.scenario)
-        if args.seed is not None:
-            scn.seed = args.seed
-            if scn.trace_options:
-                scn.trace_options.seed = args.seed
         specs, info = scn.build()
     except ScenarioError as e:
         raise UsageError(str(e)) from None
+    # --slo without --goodput: goodput counts the requests that met it (vLLM's --goodput)
+    goodput = scn.goodput or ({k: v for t in scn.tier_slos.values() for k, v in t.items()} if args.slo else {})
     return execute_load_run(args, LoadRun(
         specs, name=scn.name, target=args.target or scn.target, model=args.model or scn.model,
-        engine_opts=scn.engine_options(args.engine_opt), goodput=scn.goodput, tier_slos=scn.tier_slos,
+        engine_opts=scn.engine_options(args.engine_opt), goodput=goodput, tier_slos=scn.tier_slos,
         workers=args.workers or scn.workers, max_connections=pick(args.max_connections, scn.max_connections),
         lateness_bound_ms=pick(args.lateness_bound_ms, scn.lateness_bound_ms),
         concurrency=scn.arrivals.concurrency if scn.arrivals and scn.arrivals.closed else 0,
         read_timeout_s=scn.read_timeout_s,
-        meta={"scenario": str(args.scenario), "scenario_name": scn.name, "workload": info}, scenario=scn))
+        meta={"scenario": str(path), "scenario_name": scn.name, "workload": info}, scenario=scn))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -72,6 +71,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from loadgen.workload.traces import TraceError, TraceOptions, load_trace
 
     goodput = goodput_slos(args.goodput)
+    slos = scenario_flags(args).slos
+    if slos and not goodput:  # --slo: the summary's goodput counts the requests that met it
+        goodput = {s.metric: s.threshold_ms for s in slos}
     for name in ("time_scale", "rate", "max_duration"):
         v = getattr(args, name)
         if v is not None and not v > 0:
@@ -105,6 +107,7 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
     measured is saved and summarised in every case."""
     from loadgen.drivers.http_request import ClientConfig
     from loadgen.fixed_load import RunOptions, execute
+    from loadgen.target.access import AccessError
     from loadgen.target.discovery import TargetError
     from loadgen.target.embedded import EmbeddedEngine, EngineStartError
     from loadgen.target.probe import ProbeError
@@ -116,9 +119,7 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
         raise UsageError("the workload has no requests")
     if run.workers < 1 or run.max_connections < 0 or run.concurrency < 0:
         raise UsageError("--workers must be >= 1, --max-connections and --concurrency >= 0")
-    target = run.target
-    if target and not target.startswith(("http://", "https://")):
-        raise UsageError(f"--target must be an http(s) URL, got {target!r}")
+    target = target_url(run.target)
     goodput = {**run.goodput, **goodput_slos(args.goodput)}
     run_dir = run_dir_from(args, run.name)
     engine = None
@@ -143,7 +144,7 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
         return EXIT_FAIL
     except (TargetError, ProbeError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAIL
+        return EXIT_USAGE if isinstance(e, AccessError) else EXIT_FAIL
     except (TargetFitError, TokenizerError, ExactLengthError) as e:
         raise UsageError(str(e)) from None
     finally:

@@ -18,9 +18,9 @@ class ClientConfig:
     max_connections: int = 0  # 0: unlimited
     read_timeout_s: float | None = 300.0  # longest silence inside a stream; no total timeout
     connect_timeout_s: float = 10.0
-    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # on every request: Authorization, --header (a secret)
     shape: RequestShape = field(default_factory=RequestShape)  # the optional fields the target accepts
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)  # --extra-body: merged into every request's body
     abort_after_conn_errors: int = 10  # consecutive connection failures that end the run (0: never)
 
 

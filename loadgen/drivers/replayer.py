@@ -61,8 +61,7 @@ class Replayer:
         self._active: dict[asyncio.Task, RequestRecord] = {}  # requests in flight, for the watchdog
         self._session: aiohttp.ClientSession | None = None
         self._headers = {"Content-Type": "application/json"}
-        if cfg.api_key:
-            self._headers["Authorization"] = f"Bearer {cfg.api_key}"
+        self._headers.update(cfg.headers)
         self._conn_errors_in_a_row = 0
         self._stop: asyncio.Event | None = None
         self.t0 = 0.0

@@ -19,6 +19,7 @@ dict (``requests.jsonl``); times are seconds on the run's clock, latencies milli
   timeout) counts as ``inf`` — it broke the promise; one cut off before the event (still in flight, or
   cancelled at the end of a step) counts as the time it had waited, a lower bound. ``quantile`` is
   ``inf`` once it reaches a failed request, so a breach found with lower bounds is a real breach. A
+  request's ``itl_ms`` SLO value is its longest per-token ITL (``worst_itl_ms``). A
   request the workload cancels on purpose (its cancellation mix: a user closing the tab) is no sample
   of any latency SLO: it is counted apart, with its reason.
 - **Breakdown**: TTFT = queue + prefill + the rest (network and front end), and decode time, from the
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-SLO_METRICS = ("ttft_ms", "ttfot_ms", "tpot_ms", "e2el_ms")
+SLO_METRICS = ("ttft_ms", "ttfot_ms", "tpot_ms", "itl_ms", "e2el_ms")
 # a run whose p99 client lateness exceeds this did not keep its schedule: it is marked invalid
 LATENESS_BOUND_MS = 10.0
 BREAKDOWN_PARTS = ("queue", "prefill", "network", "decode")
@@ -120,6 +121,14 @@ def itl_ms(r: Any) -> list[float]:
     return out
 
 
+def worst_itl_ms(r: Any) -> float | None:
+    """The request's longest per-token inter-token latency (the longest stall its reader saw), the value an
+    ``itl`` SLO judges: "p99 ITL <= 50 ms" holds when 99 % of requests never waited over 50 ms for a token.
+    None for an answer of one chunk."""
+    gaps = itl_ms(r)
+    return max(gaps) if gaps else None
+
+
 def lateness_ms(r: Any) -> float | None:
     sent = _get(r, "sent_s")
     return None if sent is None else (sent - _get(r, "scheduled_s")) * 1000.0
@@ -160,13 +169,13 @@ def slo_value(r: Any, metric: str, now_s: float | None = None) -> float:
     if metric == "e2el_ms":
         v = e2el_ms(r)
         return v if (not cut and succeeded(r) and v is not None) else waited
-    if metric == "tpot_ms":
+    if metric in ("tpot_ms", "itl_ms"):
         if cut:
             return math.nan
         if not succeeded(r):
             return math.inf
-        v = tpot_ms(r)
-        return 0.0 if v is None else v  # a one-token answer has no TPOT: it cannot miss it
+        v = tpot_ms(r) if metric == "tpot_ms" else worst_itl_ms(r)
+        return 0.0 if v is None else v  # a one-token answer has no TPOT or ITL: it cannot miss it
     raise ValueError(f"unknown SLO metric {metric!r} (expected one of {', '.join(SLO_METRICS)})")
 
 

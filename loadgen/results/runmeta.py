@@ -1,4 +1,4 @@
-"""Run metadata shared by every summary.json: versions, git commit, machine, start time.
+"""Run metadata shared by every summary.json: its ``schema_version``, versions, git commit, machine, start time.
 
 Nothing here imports torch or the engine: versions come from installed package metadata.
 """
@@ -9,11 +9,14 @@ import contextlib
 import datetime as _dt
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from loadgen.results.rundir import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,8 +32,23 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def slobench_version() -> str:
+    """The installed distribution's version, else the checkout's ``pyproject.toml`` (a source tree run
+    without installing), else ``unknown``."""
+    installed = _version("slobench")
+    if installed:
+        return installed
+    try:
+        text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return "unknown"
+    project = text.split("[project]", 1)[-1].split("\n[", 1)[0]  # the [project] table alone
+    m = re.search(r'^version\s*=\s*"([^"]+)"', project, re.MULTILINE)
+    return m.group(1) if m else "unknown"
+
+
 def versions() -> dict[str, str]:
-    out = {"slobench": _version("slobench") or "unknown", "python": platform.python_version()}
+    out = {"slobench": slobench_version(), "python": platform.python_version()}
     for dist in ("torch", "aiohttp", "numpy"):
         v = _version(dist)
         if v:
@@ -69,6 +87,7 @@ def machine() -> dict[str, Any]:
 def run_metadata(kind: str, run_id: str, *, scenario: dict[str, Any] | None, target: str | None,
                  started_at: str, driver: str = "aiohttp") -> dict[str, Any]:
     """The metadata keys every summary carries (``valid`` is the caller's)."""
-    return {"kind": kind, "run_id": run_id, "scenario": scenario, "target": target, "driver": driver,
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, "run_id": run_id, "scenario": scenario,
+            "target": target, "driver": driver,
             "started_at": started_at, "versions": versions(), "git_commit": git_commit(), "machine": machine(),
             "argv": list(sys.argv)}

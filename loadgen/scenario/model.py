@@ -19,7 +19,7 @@ workload:
   # trace: path, format, time_scale, rate, start_offset_s, block_size, skip_failed, output_len
 tiers:                     # weight and SLOs (ms) per service tier
   premium: {weight: 1, slo: {ttft_ms: 300}}
-  standard: {weight: 3, slo: {ttft_ms: 800}}
+  standard: {weight: 3, slo: {ttft_ms: 800, tpot_ms: {threshold: 50, quantile: 0.9}}}  # an SLO's own quantile
 load: {arrival: poisson, rate: 4, requests: 40, duration_s: 30}   # arrival: poisson|gamma|constant|closed
 goodput: {ttft_ms: 800}
 client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10, send_tier: null,
@@ -109,6 +109,7 @@ class Scenario:
     lateness_bound_ms: float = LATENESS_BOUND_MS
     source: str = ""
     tier_quantiles: dict[str, float] = field(default_factory=dict)  # a tier's own SLO quantile
+    slo_quantiles: dict[str, dict[str, float]] = field(default_factory=dict)  # tier -> metric -> its own quantile
     search: SearchConfig | None = None  # for ``slobench capacity``
     step: StepOptions | None = None
     headroom: float = 0.2
@@ -124,7 +125,8 @@ class Scenario:
     def slos(self) -> dict[str, list[SLO]]:
         """Each tier's judged SLOs (an empty list for a tier with no promise, e.g. basic)."""
         q = self.step.quantile if self.step else 0.99
-        return {t: [SLO(k, float(v), self.tier_quantiles.get(t, q)) for k, v in self.tier_slos.get(t, {}).items()]
+        return {t: [SLO(k, float(v), self.slo_quantiles.get(t, {}).get(k, self.tier_quantiles.get(t, q)))
+                    for k, v in self.tier_slos.get(t, {}).items()]
                 for t in self.tiers}
 
     def engine_options(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

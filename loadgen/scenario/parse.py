@@ -13,6 +13,7 @@ import yaml
 
 from loadgen.results.latency import LATENESS_BOUND_MS
 from loadgen.scenario.engine_options import parse_engine_options
+from loadgen.scenario.flags import ScenarioFlags, apply_override
 from loadgen.scenario.model import ENDPOINTS, SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
 from loadgen.scenario.options import ARRIVAL_DESIGNS, AXES, SPENDING, WINDOW_COUNTS, SearchConfig, StepOptions
 from loadgen.scenario.schema import MappingNode
@@ -24,9 +25,10 @@ from loadgen.workload.synthetic import Conversations, LengthDist, SharedPrefix, 
 from loadgen.workload.traces import FORMATS, TraceError, TraceOptions, load_length_stats
 
 
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+def load_scenario(path: str | Path, overrides: list[str] | None = None, flags: ScenarioFlags | None = None) -> Scenario:
     """Read and validate a scenario file; ``overrides`` are ``dotted.key=VALUE`` strings (VALUE is YAML)
-    applied before validation, so their mistakes are reported like the file's."""
+    applied before validation, so their mistakes are reported like the file's; ``flags`` (the command
+    line's ``--slo``, ``--input-len`` ...) apply after them."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -40,33 +42,14 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise ScenarioError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
     for item in overrides or []:
         raw = apply_override(raw, item)
+    if flags is not None:
+        if raw is not None and not isinstance(raw, dict):
+            raise ScenarioError(f"{path}: expected a mapping at the top level, found {type(raw).__name__}")
+        raw = flags.apply(raw)
     try:
         return parse_scenario(raw, base=path.parent, default_name=path.stem, source=str(path))
     except ScenarioError as e:
         raise ScenarioError(f"{path}: {e}") from None
-
-
-def apply_override(raw: Any, item: str) -> Any:
-    """``search.start=4`` -> raw["search"]["start"] = 4 (missing mappings are created)."""
-    key, sep, value = item.partition("=")
-    if not sep or not key or any(not k for k in key.split(".")):
-        raise ScenarioError(f"--set {item!r}: expected KEY=VALUE with a dotted KEY, e.g. search.start=4")
-    try:
-        v = yaml.safe_load(value)
-    except yaml.YAMLError:
-        raise ScenarioError(f"--set {item!r}: the value is not valid YAML") from None
-    raw = {} if raw is None else raw
-    node, parts = raw, key.split(".")
-    for i, k in enumerate(parts[:-1]):
-        if not isinstance(node, dict):
-            raise ScenarioError(f"--set {key}: {'.'.join(parts[:i]) or 'scenario'} is not a mapping")
-        if node.get(k) is None:
-            node[k] = {}
-        node = node[k]
-    if not isinstance(node, dict):
-        raise ScenarioError(f"--set {key}: {'.'.join(parts[:-1])} is not a mapping")
-    node[parts[-1]] = v
-    return raw
 
 
 def parse_scenario(
@@ -135,6 +118,7 @@ def _parse_tiers(tiers: MappingNode, s: Scenario) -> None:
         s.tiers[name] = t.get("weight", float, 1.0, min_value=0.0)
         slo = t.child("slo", None)
         if slo:
+            s.tier_slos[name] = {}
             for k in list(slo.data):
                 if k == "quantile":
                     s.tier_quantiles[name] = slo.get_quantile(k)
@@ -142,8 +126,15 @@ def _parse_tiers(tiers: MappingNode, s: Scenario) -> None:
                 if k not in SLO_NAMES:
                     raise ScenarioError(f"{slo.key(k)}: unknown SLO (expected {', '.join(SLO_NAMES)} "
                                         "or quantile)")
-                slo.get(k, float, positive=True)
-            s.tier_slos[name] = {k: float(v) for k, v in slo.data.items() if k != "quantile"}
+                if isinstance(slo.data[k], dict):  # {threshold: MS, quantile: Q}: this SLO's own quantile
+                    own = slo.child(k)
+                    threshold = own.get("threshold", float, positive=True)
+                    if "quantile" in own.data:
+                        s.slo_quantiles.setdefault(name, {})[k] = own.get_quantile("quantile")
+                    own.check_unknown()
+                    s.tier_slos.setdefault(name, {})[k] = threshold
+                else:
+                    s.tier_slos.setdefault(name, {})[k] = slo.get(k, float, positive=True)
         t.check_unknown()
     if s.tiers and sum(s.tiers.values()) <= 0:
         raise ScenarioError("tiers: the weights sum to 0")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.target.discovery import discover_model
+from loadgen.target.access import Access, check_target
 from loadgen.target.probe import PROBE_TEXT, Capabilities, probe
 from loadgen.target.request_shape import RequestShape, TargetFit, fit_request_shape
 from loadgen.target.tokenize import ServerTokenizer
@@ -31,7 +31,8 @@ class TargetOptions:
 
     probe: bool = True  # False: trust the target to accept every field and token-id prompts
     tokenizer_dir: Path | None = None
-    api_key: str | None = None
+    access: Access = field(default_factory=Access)  # --api-key, --header: on every request
+    extra_body: dict[str, Any] = field(default_factory=dict)  # --extra-body: merged into every request's body
     explicit: set[str] = field(default_factory=set)  # fields asked for explicitly: an error when rejected
     send_tier: bool | None = None  # False: never send tiers; None: when accepted
     continuous_usage: bool | None = None  # False: never ask for usage in every chunk; None: when accepted
@@ -47,6 +48,8 @@ class PreparedTarget:
     tokenizer_source: str | None = None
     overhead_tokens: int = 0  # tokens the server adds to every prompt (BOS, the chat template)
     warnings: list[str] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # what every request carries (Authorization, --header)
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request's body
 
     @property
     def shape(self) -> RequestShape:
@@ -65,11 +68,20 @@ class PreparedTarget:
 
 
 def prepare_target(target: str, model: str | None, specs: list[RequestSpec], opts: TargetOptions) -> PreparedTarget:
-    """Blocking (call it before the run's event loop starts). Raises TargetError (unreachable target),
-    ProbeError (it answers no completion request), TargetFitError (an explicit field is rejected),
-    TokenizerError (a bad ``--tokenizer`` folder)."""
-    model = model or discover_model(target)
+    """Blocking (call it before the run's event loop starts). Raises AccessError (nothing listens, the
+    credentials are refused, the model is not served), TargetError (no model to send), ProbeError (it answers
+    no completion request), TargetFitError (an explicit field is rejected), TokenizerError (a bad
+    ``--tokenizer`` folder)."""
+    headers = opts.access.http_headers()
     tokenizer = load_tokenizer(opts.tokenizer_dir) if opts.tokenizer_dir else None  # a bad folder fails first
+    model = check_target(target, model, headers)
+    prepared = _prepare(target, model, specs, opts, tokenizer, headers)
+    prepared.headers, prepared.extra_body = headers, dict(opts.extra_body)
+    return prepared
+
+
+def _prepare(target: str, model: str, specs: list[RequestSpec], opts: TargetOptions, tokenizer: Tokenizer | None,
+             headers: dict[str, str]) -> PreparedTarget:
     real_history = any(s.follow_up for s in specs)  # token ids cannot carry the server's reply: text or chat
     if not opts.probe:
         shape = RequestShape(service_tier=opts.send_tier is not False, endpoint=opts.endpoint,
@@ -82,7 +94,7 @@ def prepare_target(target: str, model: str | None, specs: list[RequestSpec], opt
                                          else "none: about one token per word")
             prepared.warnings.append(HISTORY_NOTE.format(kind="text"))
         return prepared
-    caps = asyncio.run(probe(target, model, opts.api_key, endpoint=opts.endpoint))
+    caps = asyncio.run(probe(target, model, headers, endpoint=opts.endpoint, extra_body=opts.extra_body))
     fit = fit_request_shape(caps, explicit=opts.explicit, uses_tiers=any(s.tier for s in specs),
                             token_prompts=any(s.kind == "tokens" for s in specs), endpoint=opts.endpoint)
     if opts.send_tier is False:
@@ -96,7 +108,7 @@ def prepare_target(target: str, model: str | None, specs: list[RequestSpec], opt
         fit.shape.chat = caps.chat  # the main path: the reply goes back as an assistant message
         prepared.warnings.append(HISTORY_NOTE.format(kind="chat messages" if caps.chat else "text"))
     if fit.shape.text_prompts or fit.shape.chat or real_history:
-        _text_source(prepared, target, tokenizer)
+        _text_source(prepared, target, tokenizer, headers)
     return prepared
 
 
@@ -105,13 +117,14 @@ HISTORY_NOTE = ("conversations with real history are sent as {kind}: each turn c
                 "the first have no intended prompt length (prompt_length compares first turns only)")
 
 
-def _text_source(prepared: PreparedTarget, target: str, tokenizer: Tokenizer | None) -> None:
+def _text_source(prepared: PreparedTarget, target: str, tokenizer: Tokenizer | None,
+                 headers: dict[str, str]) -> None:
     """The tokenizer the texts are measured with, and the tokens the server adds to each prompt."""
     caps = prepared.caps
     if tokenizer is not None:
         prepared.tokenizer_source = f"--tokenizer {tokenizer.name}"
     elif caps.tokenize_endpoint:
-        tokenizer = ServerTokenizer(target, prepared.model)
+        tokenizer = ServerTokenizer(target, prepared.model, headers=headers)
         prepared.tokenizer_source = f"the server's /tokenize ({prepared.model})"
     else:
         tokenizer = WordTokenizer()

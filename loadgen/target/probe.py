@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from loadgen.target.access import AccessError
 from loadgen.target.discovery import error_text
 from loadgen.target.sse import SSEParser, StreamError, chunk_parts, chunk_usage, decode_chunk
 
@@ -162,22 +163,28 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int | None, by
         return None, b""
 
 
-async def probe(target: str, model: str, api_key: str | None = None, endpoint: str | None = None) -> Capabilities:
+async def probe(target: str, model: str, headers: dict[str, str] | None = None, endpoint: str | None = None,
+                extra_body: dict[str, Any] | None = None) -> Capabilities:
     """Probe ``target`` (its base URL) serving ``model``; ``endpoint`` is the one the run must use
     (completions | chat | responses), None for either completions endpoint. Raises ProbeError when that
-    endpoint (or, with None, neither completions endpoint) answers a plain text request."""
+    endpoint (or, with None, neither completions endpoint) answers a plain text request; AccessError when
+    it refuses the credentials. ``headers`` go with every request, ``extra_body`` into every body (the run
+    sends them too: a gateway may need its fields)."""
     target = target.rstrip("/")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with aiohttp.ClientSession(headers=headers) as s:
+    extra = dict(extra_body or {})
+    async with aiohttp.ClientSession(headers=headers or {}) as s:
         caps = Capabilities()
-        base = {"model": model, "prompt": PROBE_TEXT, "max_tokens": 2, "stream": True}
+        base = {"model": model, "prompt": PROBE_TEXT, "max_tokens": 2, "stream": True, **extra}
         chat = {"model": model, "messages": [{"role": "user", "content": PROBE_TEXT}], "max_tokens": 2,
-                "stream": True}
+                "stream": True, **extra}
         # the baselines first, one at a time: a server that loads its model on first use does it once
         comp = await _post(s, target + "/v1/completions", base)
         chat_rep = await _post(s, target + "/v1/chat/completions", chat)
         caps.completions, caps.chat = comp.ok, chat_rep.ok
-        resp = {"model": model, "input": PROBE_TEXT, "max_output_tokens": 2, "stream": True}
+        if comp.status in (401, 403) and chat_rep.status in (401, 403):
+            raise AccessError(f"{target} refused the completion requests ({comp.error}): pass --api-key KEY or "
+                              "set OPENAI_API_KEY (or check the one given)")
+        resp = {"model": model, "input": PROBE_TEXT, "max_output_tokens": 2, "stream": True, **extra}
         resp_rep = await _post(s, target + "/v1/responses", resp) if endpoint == "responses" else None
         if resp_rep is not None:
             caps.responses = resp_rep.ok

@@ -18,14 +18,15 @@ from loadgen.target.discovery import TargetError
 class ServerTokenizer:
     """``workload.tokenizer``'s interface over HTTP."""
 
-    def __init__(self, target: str, model: str, timeout_s: float = 30.0):
+    def __init__(self, target: str, model: str, timeout_s: float = 30.0, headers: dict[str, str] | None = None):
         self.target, self.model, self.timeout_s = target.rstrip("/"), model, timeout_s
+        self.headers = dict(headers or {})
         self.name = f"{self.target}/tokenize ({model})"
         self._encode = functools.lru_cache(maxsize=65536)(self._encode_uncached)
 
     def _post(self, path: str, body: dict) -> dict:
         req = urllib.request.Request(self.target + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **self.headers})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:  # noqa: S310 (the user's target)
                 return json.loads(r.read())

@@ -9,6 +9,7 @@ as overhead, like a chat template's (``text_prompts.to_text``'s ``overhead_token
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -47,6 +48,9 @@ class HFTokenizer:
         p = Path(path)
         file = p if p.is_file() else p / "tokenizer.json"
         if not file.is_file():
+            if not p.exists():
+                raise TokenizerError(f"{p}: no such folder, and no model of that id in the local Hugging Face "
+                                     "cache (slobench never downloads one: give a folder with tokenizer.json)")
             raise TokenizerError(f"{p}: no tokenizer.json there (a Hugging Face tokenizer folder has one)")
         try:
             tok = tokenizers.Tokenizer.from_file(str(file))
@@ -63,8 +67,24 @@ class HFTokenizer:
 
 
 def load_tokenizer(path: str | Path) -> HFTokenizer:
-    """The tokenizer of a Hugging Face tokenizer folder; ``TokenizerError`` naming the path otherwise."""
-    return HFTokenizer.from_dir(path)
+    """The tokenizer of a Hugging Face tokenizer folder, or of a model id (``org/name``) already in the local
+    Hugging Face cache (never downloaded); ``TokenizerError`` naming the path otherwise."""
+    folder = Path(path).expanduser()
+    if not folder.exists() and (cached := cached_tokenizer_dir(str(path))) is not None:
+        folder = cached
+    return HFTokenizer.from_dir(folder)
+
+
+def cached_tokenizer_dir(model_id: str) -> Path | None:
+    """The newest snapshot folder holding ``tokenizer.json`` of ``model_id`` in the local Hugging Face hub
+    cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``), or None."""
+    if model_id.count("/") != 1:
+        return None
+    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    hub = Path(os.environ.get("HF_HUB_CACHE", hf_home / "hub")).expanduser()
+    snapshots = hub / f"models--{model_id.replace('/', '--')}" / "snapshots"
+    found = sorted((p.parent for p in snapshots.glob("*/tokenizer.json")), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
 
 
 class WordTokenizer:

@@ -3,7 +3,8 @@
 Formats: Mooncake JSONL (``timestamp`` ms, ``hash_ids`` of ``block_size``-token blocks), Azure LLM
 2023 CSV (wall-clock timestamps with 7 fractional digits), BurstGPT (``_1`` and ``_3`` column
 layouts; rows with 0 response tokens are failed requests, skipped by default and counted), ShareGPT
-JSON (text prompts, no timestamps: pair with an arrival process).
+JSON (text prompts, no timestamps: pair with an arrival process), and a prompts dataset (JSONL of
+``prompt`` or ``messages``, optionally ``max_tokens``; no timestamps either: ``--dataset FILE``).
 
 Time handling, in this order: timestamps are rebased to the first row; rows before ``start_offset_s``
 (trace seconds) are dropped and the rest rebased again; ``max_requests`` keeps the first N; gaps are
@@ -18,13 +19,14 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from loadgen.workload.arrivals import Arrivals
 from loadgen.workload.specs import DEFAULT_TOKEN_RANGE, BlockPrompt, RequestSpec
 
-FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
+FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt", "prompts")
 _EPOCH = datetime(2020, 1, 1)
 _UNIQUE_BASE = 1 << 40  # hash ids for traces without prefix info: never shared with Mooncake ids
 
@@ -41,6 +43,7 @@ class TraceRow:
     hash_ids: tuple[int, ...] | None = None
     text: str | None = None
     session: str | None = None
+    messages: list[dict[str, Any]] | None = None  # a chat prompt (the ``prompts`` format)
 
 
 @dataclass(slots=True)
@@ -77,7 +80,9 @@ class TraceOptions:
 def detect_format(path: Path) -> str:
     name = path.name.lower()
     if name.endswith(".jsonl"):
-        return "mooncake"
+        with path.open(encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+        return "mooncake" if '"hash_ids"' in first else "prompts"
     if name.endswith(".json"):
         return "sharegpt"
     if name.endswith(".csv"):
@@ -169,6 +174,32 @@ def read_sharegpt(path: Path) -> list[TraceRow]:
     return rows
 
 
+def read_prompts(path: Path) -> list[TraceRow]:
+    """A JSONL dataset of prompts, one object per line: ``prompt`` (or ``text``) as a string, or ``messages``
+    (a chat), and optionally the answer's length (``max_tokens`` or ``output_len``)."""
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                o = json.loads(line)
+            except ValueError as e:
+                raise TraceError(f"{path}:{lineno}: not JSON ({e})") from None
+            if not isinstance(o, dict):
+                raise TraceError(f"{path}:{lineno}: expected an object with prompt or messages")
+            text, messages = o.get("prompt", o.get("text")), o.get("messages")
+            out = o.get("max_tokens", o.get("output_len"))
+            if not (isinstance(text, str) and text) and not (isinstance(messages, list) and messages
+                                                            and all(isinstance(m, dict) for m in messages)):
+                raise TraceError(f"{path}:{lineno}: expected a non-empty prompt (a string) or messages (a list of "
+                                 "{role, content})")
+            if out is not None and not (isinstance(out, int) and out >= 1):
+                raise TraceError(f"{path}:{lineno}: max_tokens must be a whole number >= 1, found {out!r}")
+            rows.append(TraceRow(None, None, out, text=text if messages is None else None, messages=messages))
+    return rows
+
+
 def read_rows(path: Path, fmt: str, opts: TraceOptions) -> tuple[list[TraceRow], int]:
     if fmt == "mooncake":
         return read_mooncake(path, opts.block_size), 0
@@ -178,6 +209,8 @@ def read_rows(path: Path, fmt: str, opts: TraceOptions) -> tuple[list[TraceRow],
         return read_burstgpt(path, opts.skip_failed)
     if fmt == "sharegpt":
         return read_sharegpt(path), 0
+    if fmt == "prompts":
+        return read_prompts(path), 0
     raise TraceError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
@@ -236,7 +269,9 @@ def load_trace(path: str | Path, fmt: str | None = None, opts: TraceOptions | No
         out = row.output_len if row.output_len is not None else opts.output_len
         if opts.max_output_len is not None:
             out = min(out, opts.max_output_len)
-        if row.text is not None:
+        if row.messages is not None:
+            prompt, n_in = [dict(m) for m in row.messages], None
+        elif row.text is not None:
             prompt, n_in = row.text, None
         else:
             ids = row.hash_ids

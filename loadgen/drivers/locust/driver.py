@@ -61,7 +61,8 @@ class LocustProcess:
                  concurrency: int = 0, processes: int = 1, stage: int = 0, max_connections: int = 0,
                  read_timeout_s: float | None = 300.0, tier_slos: dict | None = None, start_s: float = 0.0,
                  duration_s: float | None = None, t0: float | None = None, drain_s: float | None = None,
-                 extra: Sequence[str] = ()):
+                 extra: Sequence[str] = (), headers: dict[str, str] | None = None,
+                 extra_body: dict | None = None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.target = target.rstrip("/")
@@ -76,10 +77,13 @@ class LocustProcess:
                                   extra=extra)
         self.proc: subprocess.Popen | None = None
         self._log = None
+        # the environment, not the command line: a header may hold a secret, and `ps` shows arguments
+        self.env = {"SLOBENCH_HEADERS": json.dumps(headers or {}), "SLOBENCH_EXTRA_BODY": json.dumps(extra_body or {})}
 
     def start(self) -> LocustProcess:
         self._log = open(self.out_dir / "locust.log", "ab")  # noqa: SIM115 (closed in wait)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, **self.env,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         return self
@@ -182,7 +186,8 @@ class LocustDriver:
                            read_timeout_s=cfg.read_timeout_s, tier_slos=self.tier_slos, start_s=start,
                            duration_s=(until_s - start) if concurrency and until_s is not None else None,
                            t0=t0, drain_s=self.drain_s,
-                           extra=["--slobench-shape", json.dumps(cfg.shape.as_dict())])
+                           extra=["--slobench-shape", json.dumps(cfg.shape.as_dict())], headers=cfg.headers,
+                           extra_body=cfg.extra_body)
         follow = RecordFollower(out_dir / "requests.jsonl")
         self._proc = lp.start()
         rc = None

@@ -91,6 +91,8 @@ def run_options(parsed) -> dict:
         "stop_on_slo": not g("no-slo-stop"), "drain_s": g("drain-s") or 60.0,
         "max_connections": g("max-connections") or 0, "read_timeout": g("read-timeout") or 300.0,
         "summary": not g("no-summary"), "t0": g("t0"), "api_key": os.environ.get("SLOBENCH_API_KEY"),
+        "headers": json.loads(os.environ.get("SLOBENCH_HEADERS") or "{}"),
+        "extra_body": json.loads(os.environ.get("SLOBENCH_EXTRA_BODY") or "{}"),
         "shape": json.loads(g("shape")) if g("shape") else None,
     }
 

@@ -340,16 +340,16 @@ class ClosedLoopUser(_StreamingUser):
 def client_config(opts: dict[str, Any]) -> ClientConfig:
     return ClientConfig(
         target="", model=opts.get("model"), max_connections=int(opts.get("max_connections") or 0),
-        read_timeout_s=float(opts.get("read_timeout") or 300.0), api_key=opts.get("api_key"),
+        read_timeout_s=float(opts.get("read_timeout") or 300.0),
+        headers={**({"Authorization": f"Bearer {opts['api_key']}"} if opts.get("api_key") else {}),
+                 **(opts.get("headers") or {})},
+        extra_body=dict(opts.get("extra_body") or {}),
         shape=RequestShape(**opts["shape"]) if opts.get("shape") else RequestShape(),
     )
 
 
 def headers(cfg: ClientConfig) -> dict[str, str]:
-    h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if cfg.api_key:
-        h["Authorization"] = f"Bearer {cfg.api_key}"
-    return h
+    return {"Content-Type": "application/json", "Accept": "text/event-stream", **cfg.headers}
 
 
 def apply_client_settings(cfg: ClientConfig) -> None:
