@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from loadgen.commands.common import EXIT_OK, UsageError
+from loadgen.target.embedded import require_engine
 
 
 def cmd_serve(argv: list[str], parser_class: type[argparse.ArgumentParser]) -> int:
     """``serve`` takes the engine server's own flags, so it parses its arguments itself."""
+    require_engine()
     from engine.server import add_server_arguments, run_server  # lazy: only `serve` imports torch
 
     p = parser_class(prog="slobench serve", description="The reference engine's OpenAI-compatible server.")
@@ -21,6 +24,7 @@ def cmd_serve(argv: list[str], parser_class: type[argparse.ArgumentParser]) -> i
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    require_engine()
     from engine import Engine, EngineConfig, SamplingParams  # lazy: torch
 
     if args.max_tokens < 1:
@@ -58,11 +62,19 @@ def cmd_mock_server(args: argparse.Namespace) -> int:
         raise UsageError("--reasoning-tokens must be >= 0 and --tokens-per-chunk >= 1")
     if args.slots < 0 or args.prefill_ms_per_token < 0:
         raise UsageError("--slots and --prefill-ms-per-token must be >= 0 (--slots 0: no queue)")
-    serve(MockConfig(args.ttft_ms, args.itl_ms, args.tokens, args.model, strict=args.strict,
+    if args.models is not None and args.model is not None:
+        raise UsageError("pass --model or --models, not both")
+    names = [n.strip() for n in args.models.split(",")] if args.models is not None else [args.model or "mock"]
+    if not all(names) or args.api_key == "":
+        raise UsageError("--models names and --api-key must not be empty")
+    if args.log_requests and not os.path.isdir(os.path.dirname(os.path.abspath(args.log_requests))):
+        raise UsageError(f"--log-requests {args.log_requests}: no such directory")
+    serve(MockConfig(args.ttft_ms, args.itl_ms, args.tokens, names[0], strict=args.strict,
                      reject_fields=tuple(args.reject_field), metrics=args.metrics, metrics_bytes=args.metrics_bytes,
                      metrics_flavor=args.metrics_flavor, reasoning_tokens=args.reasoning_tokens,
                      reasoning_field=args.reasoning_field, tokens_per_chunk=args.tokens_per_chunk,
                      per_request_metrics=args.per_request_metrics, responses=not args.no_responses,
-                     slots=args.slots, prefill_ms_per_token=args.prefill_ms_per_token),
+                     slots=args.slots, prefill_ms_per_token=args.prefill_ms_per_token, models=tuple(names[1:]),
+                     check_model=args.check_model, api_key=args.api_key, request_log=args.log_requests),
           args.host, args.port)
     return EXIT_OK

@@ -1,7 +1,9 @@
-"""The mock server's settings and, for ``--strict``, the OpenAI request schema a strict server checks."""
+"""The mock server's settings; what it lets in (``--api-key``, ``--check-model``); for ``--strict``, the OpenAI
+request schema a strict server checks."""
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 
 
@@ -25,6 +27,14 @@ class MockConfig:
     # first token comes ``ttft_ms + prefill_ms_per_token x prompt tokens`` after the request has a slot
     slots: int = 0  # 0: no queue, every request is served at once (the default mode)
     prefill_ms_per_token: float = 0.0
+    models: tuple[str, ...] = ()  # more names it serves besides ``model`` (listed by /v1/models, answered as)
+    check_model: bool = False  # 404 (vLLM's words) for a request naming a model it does not serve
+    api_key: str | None = None  # every /v1/ request must carry ``Authorization: Bearer <api_key>`` (vLLM's rule)
+    request_log: str | None = None  # append one JSON line per HTTP request received (a test aid)
+
+    def served(self) -> tuple[str, ...]:
+        """Every model name it serves, ``model`` first."""
+        return (self.model, *self.models)
 
     def prefill_ms(self, n_in: int) -> float:
         """A request's time from its slot (its arrival without a queue) to its first token."""
@@ -51,6 +61,30 @@ STRICT_FIELDS["/v1/responses"] = frozenset({
 STRICT_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
 
 
+def authorized(cfg: MockConfig, path: str, headers: dict[str, str]) -> bool:
+    """Whether a request may pass ``--api-key``: as vLLM's middleware, only paths under /v1 are guarded
+    (/health and /metrics stay open) and the scheme is ``Bearer`` in any case."""
+    if cfg.api_key is None or not path.startswith("/v1"):
+        return True
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(key.encode(), cfg.api_key.encode())
+
+
+def unknown_model(cfg: MockConfig, req) -> str | None:
+    """With ``check_model``, the model a request names that the mock does not serve (None: fine, or unchecked).
+    A request that names none gets the first, as vLLM's does."""
+    if not cfg.check_model or not isinstance(req, dict) or req.get("model") in (None, *cfg.served()):
+        return None
+    return str(req["model"])
+
+
+def answer_model(cfg: MockConfig, req: dict) -> str:
+    """The model name an answer carries: the request's when the mock serves it (vLLM echoes the served name
+    asked for), else the first."""
+    asked = req.get("model")
+    return asked if isinstance(asked, str) and asked in cfg.served() else cfg.model
+
+
 def set_text(names) -> str:
     """A set as Python prints it, sorted so the message is stable: {'ignore_eos', 'min_tokens'}."""
     return "{" + ", ".join(repr(n) for n in sorted(names)) + "}"
@@ -68,7 +102,7 @@ def strict_check(cfg: MockConfig, path: str, req) -> tuple[int, str] | None:
         return 422, f"Unexpected fields in the request: {set_text(unexpected)}"
     if not req.get("model"):
         return 400, "you must provide a model parameter"
-    if req["model"] != cfg.model:
+    if req["model"] not in cfg.served():
         return 404, f"The model '{req['model']}' does not exist"
     if path == "/v1/completions" and not isinstance(req.get("prompt"), str):
         return 400, "prompt must be a string."

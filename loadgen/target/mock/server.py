@@ -16,6 +16,14 @@ rest wait FIFO; a request's schedule (first token ``ttft_ms + prefill_ms_per_tok
 after its slot, then ``itl_ms`` apart) counts from its slot, and it holds the slot until its last token.
 ``/metrics`` then shows the running and waiting counts, and the time waited as queue time.
 
+Access, as vLLM's: ``api_key`` (``--api-key``) makes every request under ``/v1`` (models, completions, chat,
+responses) need ``Authorization: Bearer <key>``, else 401 ``{"error": "Unauthorized"}``; ``/health`` and
+``/metrics`` stay open. ``models`` serves more names than ``model`` (all listed by ``/v1/models``; an answer
+carries the name asked for); ``check_model`` answers a request naming another model 404 in vLLM's words
+(``The model `x` does not exist.``, type ``NotFoundError``); without it any name is served, as before.
+``request_log`` (``--log-requests``), a test aid: one JSON line per HTTP request received, before any check
+(method, path, headers with lower-cased names, the JSON body or null), written and flushed per line.
+
 It is a bare asyncio protocol (HTTP/1.1 keep-alive, chunked SSE responses, each token one
 ``transport.write`` from a timer callback) rather than an aiohttp app: the mock must be several times
 cheaper per token than the client it measures, and aiohttp's per-chunk coroutine machinery was not.
@@ -30,11 +38,11 @@ import time
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from loadgen.target.mock.config import MockConfig, strict_check
+from loadgen.target.mock.config import MockConfig, answer_model, authorized, strict_check, unknown_model
 from loadgen.target.mock.metrics_page import MockMetrics, metrics_padding
 from loadgen.target.mock.slots import SlotQueue, Ticket
 from loadgen.target.mock.stream import plan_responses, plan_stream
-from loadgen.target.mock.wire import SSE_HEAD, STREAM_END, error, response
+from loadgen.target.mock.wire import SSE_HEAD, STREAM_END, UNAUTHORIZED, error, model_not_found, response
 
 
 class _Server:
@@ -45,6 +53,17 @@ class _Server:
         self.serve_metrics = cfg.metrics if cfg.metrics is not None else not cfg.strict
         self.padding = metrics_padding(cfg.metrics_bytes)  # built once: a scrape costs the write, not the build
         self.slots = SlotQueue(cfg.slots, self.metrics) if cfg.slots > 0 else None  # queueing mode
+        # line-buffered: each request's line is one small write, whole on disk when the test reads it
+        self.request_log = open(cfg.request_log, "a", buffering=1) if cfg.request_log else None  # noqa: SIM115
+
+    def log_request(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        """``--log-requests``: the request as received, one JSON line."""
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            parsed = None
+        self.request_log.write(json.dumps({"method": method, "path": path, "headers": headers, "body": parsed})
+                               + "\n")
 
 
 class _Conn(asyncio.Protocol):
@@ -105,25 +124,31 @@ class _Conn(asyncio.Protocol):
                 self.tr.write(error(400, "bad request line"))
                 self.tr.close()
                 return
-            length = 0
+            headers: dict[str, str] = {}
             for h in head[1:]:
                 k, _, v = h.partition(":")
-                if k.strip().lower() == "content-length":
-                    length = int(v.strip() or 0)
+                k, v = k.strip().lower(), v.strip()
+                headers[k] = f"{headers[k]}, {v}" if k in headers else v  # a repeated header: one, comma-joined
+            length = int(headers.get("content-length") or 0)
             if len(self.buf) < end + 4 + length:
                 return
             body = self.buf[end + 4:end + 4 + length]
             self.buf = self.buf[end + 4 + length:]
-            self._handle(method, target.split("?", 1)[0], body)
+            self._handle(method, target.split("?", 1)[0], headers, body)
 
-    def _handle(self, method: str, path: str, body: bytes) -> None:
+    def _handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
         srv, cfg = self.srv, self.srv.cfg
+        if srv.request_log is not None:
+            srv.log_request(method, path, headers, body)
+        if not authorized(cfg, path, headers):
+            self.tr.write(UNAUTHORIZED)
+            return
         if method == "GET":
             if path == "/health":
                 self.tr.write(response(200, b"ok", "text/plain"))
             elif path == "/v1/models":
                 self.tr.write(response(200, json.dumps(
-                    {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}).encode()))
+                    {"object": "list", "data": [{"id": m, "object": "model"} for m in cfg.served()]}).encode()))
             elif path == srv.metrics.path and srv.serve_metrics:
                 page = generate_latest(srv.metrics.registry)
                 self.tr.write(response(200, page + srv.padding if srv.padding else page, CONTENT_TYPE_LATEST))
@@ -141,6 +166,9 @@ class _Conn(asyncio.Protocol):
             req = json.loads(body)
         except ValueError:
             self.tr.write(error(400, "body is not JSON"))
+            return
+        if (name := unknown_model(cfg, req)) is not None:
+            self.tr.write(model_not_found(name))
             return
         chat = path.endswith("/chat/completions")
         api = "responses" if path == "/v1/responses" else "chat" if chat else "completions"
@@ -170,7 +198,7 @@ class _Conn(asyncio.Protocol):
         if api == "responses":
             plan = plan_responses(cfg, req, f"resp_{rid}", srv.created, n_out, n_in)
         else:
-            head = {"id": f"cmpl-{rid}", "created": srv.created, "model": cfg.model,
+            head = {"id": f"cmpl-{rid}", "created": srv.created, "model": answer_model(cfg, req),
                     "object": "chat.completion.chunk" if chat else "text_completion"}
             plan = plan_stream(cfg, req, chat, head, n_out, n_in)
         emissions = plan.emissions
@@ -217,7 +245,8 @@ class _Conn(asyncio.Protocol):
         text = " tok" * n_out
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"} if chat
                   else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
-        body = {"id": f"cmpl-{id(self):x}{int(t_arrive * 1e6):x}", "created": srv.created, "model": cfg.model,
+        body = {"id": f"cmpl-{id(self):x}{int(t_arrive * 1e6):x}", "created": srv.created,
+                "model": answer_model(cfg, req),
                 "object": "chat.completion" if chat else "text_completion", "choices": [choice],
                 "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}}
         prefill = cfg.prefill_ms(n_in) / 1000.0
@@ -247,8 +276,12 @@ async def _serve(cfg: MockConfig, host: str, port: int, ready=None) -> None:
     server = await loop.create_server(lambda: _Conn(srv), host, port, backlog=4096, reuse_address=True)
     if ready:
         ready(server)
-    async with server:
-        await server.serve_forever()
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        if srv.request_log is not None:
+            srv.request_log.close()
 
 
 def serve(cfg: MockConfig, host: str = "127.0.0.1", port: int = 8000) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen.target.mock.config import MockConfig
+from loadgen.target.mock.config import MockConfig, answer_model
 from loadgen.target.mock.wire import chunk, sse
 
 DONE = chunk(b"data: [DONE]\n\n")
@@ -128,8 +128,8 @@ def plan_responses(cfg: MockConfig, req: dict[str, Any], rid: str, created: int,
     output text deltas on the schedule above, then ``response.completed`` with the usage (no ``[DONE]``)."""
     groups = token_groups(cfg, n_out, reasoning=True)
     seq = iter(range(1 << 30))
-    resp = {"id": rid, "object": "response", "created_at": created, "model": cfg.model, "status": "in_progress",
-            "output": [], "usage": None, "error": None}
+    resp = {"id": rid, "object": "response", "created_at": created, "model": answer_model(cfg, req),
+            "status": "in_progress", "output": [], "usage": None, "error": None}
     opening = _event({"type": "response.created", "sequence_number": next(seq), "response": resp})
     emissions = []
     for t, (k, think) in zip(due_times(cfg, groups, n_in), groups, strict=True):

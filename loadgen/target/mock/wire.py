@@ -17,8 +17,11 @@ def sse(obj) -> bytes:
     return chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
 
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
+
+
 def response(status: int, body: bytes, ctype: str = "application/json") -> bytes:
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}.get(status, "Error")
+    reason = _REASONS.get(status, "Error")
     return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             f"Connection: keep-alive\r\n\r\n").encode() + body
 
@@ -26,3 +29,13 @@ def response(status: int, body: bytes, ctype: str = "application/json") -> bytes
 def error(status: int, message: str) -> bytes:
     body = {"error": {"message": message, "type": "invalid_request_error", "code": status}}
     return response(status, json.dumps(body).encode())
+
+
+# vLLM's words for its two refusals here, byte for byte in shape, since users point slobench at vLLM.
+UNAUTHORIZED = response(401, b'{"error": "Unauthorized"}')  # vLLM's --api-key middleware
+
+
+def model_not_found(name: str) -> bytes:
+    """vLLM's 404 for a model it does not serve."""
+    body = {"error": {"message": f"The model `{name}` does not exist.", "type": "NotFoundError", "code": 404}}
+    return response(404, json.dumps(body).encode())
