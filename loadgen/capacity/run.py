@@ -10,17 +10,18 @@ against a target; this module runs the whole search and writes the run folder.
   bound) is handed to the search as disturbed: it is measured again instead of deciding.
 - The rated capacity is the *offered* rate of the deciding passing steps (``rate_rps``; the load asked
   for is ``requested_rps``), with the estimate, interval, boundary and binding SLO of ``capacity.rating``
-  over every counted step (computed once, at the end).
+  over every counted step (computed once, at the end). ``headline`` and ``verdict_text`` say that offered
+  rate (``capacity.headline``); ``search_text`` is the search's account in its requested loads.
 - The run's time budget (``search.max_duration_s``, off by default): no step starts that would end past it
   (``over_budget``); the search ends with what it measured, ``summary.json["ended_by"]`` says why.
-- ``summary.json`` is rewritten after every step: Ctrl-C or a dying target leaves everything measured.
+- ``summary.json`` and ``steps.csv`` (``capacity.steps_csv``) are rewritten after every step, each
+  atomically: Ctrl-C or a dying target leaves everything measured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,13 +29,23 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.capacity import rating
+from loadgen.capacity.headline import headline, verdict_text
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step, StepResult
 from loadgen.capacity.step import CapacityRunner
+from loadgen.capacity.steps_csv import write_steps_csv
 from loadgen.drivers.event_loop import add_stop_handlers, remove_stop_handlers, run_sync
 from loadgen.results.latency import percentile
 from loadgen.results.prefix_cache import prefix_cache_check
-from loadgen.results.rundir import METRICS, read_metrics, read_run_records, write_summary
+from loadgen.results.rundir import (
+    CONFIG,
+    METRICS,
+    SCHEMA_VERSION,
+    read_metrics,
+    read_run_records,
+    write_json,
+    write_summary,
+)
 from loadgen.results.runmeta import now_iso, run_metadata
 from loadgen.results.summary import prompt_length_of
 from loadgen.scenario.model import Scenario
@@ -130,10 +141,9 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
                   complete: bool, stopped: str | None, interval: dict[str, Any] | None = None) -> dict[str, Any]:
     steps = [step_entry(s) for s in outcome.steps]
     rated = rated_capacity(outcome, plan, interval)
-    text = outcome.text
+    # the headline (the offered rate) first, then the search's account in its requested loads
+    text, search_text = verdict_text(outcome.text, rated, outcome.search_verdict, plan.search.axis)
     if rated is not None:
-        if not plan.closed and rated["requested_rps"] is not None:
-            text += f". Offered there: {rated['rate_rps']:.3g} req/s (requested {rated['requested_rps']:.3g})"
         if rated["ci_low"] is not None:
             of = "users" if rated["ci_of"] == "concurrency" else "req/s"
             text += (f". {100 * rated['confidence']:g}% interval of the capacity: {rated['ci_low']:.3g}–"
@@ -147,6 +157,7 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
                      + ("they agree" if rated["concurrency_agree"] else "they DISAGREE: check the client") + ")")
     if not complete:
         text = f"INCOMPLETE ({stopped}): " + text
+        search_text = f"INCOMPLETE ({stopped}): " + search_text
     late = [(st.get("summary") or {}).get("client_lateness") or {} for st in steps]
     p99s = [x.get("p99_ms") for x in late if x.get("p99_ms") is not None]
     invalid = [st["index"] for st in steps if not st.get("valid", True)]
@@ -154,7 +165,9 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
     s: dict[str, Any] = {
         **meta,
         "duration_s": round(duration_s, 3),
-        "verdict": outcome.verdict, "search_verdict": outcome.search_verdict, "verdict_text": text,
+        "verdict": outcome.verdict, "search_verdict": outcome.search_verdict,
+        "headline": headline(rated, outcome.search_verdict, plan.search.axis), "verdict_text": text,
+        "search_text": search_text,
         "converged": outcome.converged, "confirmed": outcome.confirmed, "reopens": outcome.reopens,
         "ended_by": outcome.ended_by,
         "complete": complete, "interrupted": bool(stopped and stopped.startswith("interrupted")),
@@ -176,6 +189,12 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
     elif not steps:
         s["invalid_reason"] = "no step was measured"
     return s
+
+
+def write_outputs(run_dir: Path, summary: dict[str, Any]) -> None:
+    """``summary.json`` and ``steps.csv`` beside it, each written atomically."""
+    write_summary(run_dir, summary)
+    write_steps_csv(run_dir, summary)
 
 
 def deciding_steps(outcome: SearchOutcome) -> list[int]:
@@ -291,11 +310,11 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
     loop = asyncio.get_running_loop()
     await runner.open()
     meta["model"] = runner.model
-    (run_dir / "config.json").write_text(json.dumps(
-        {"scenario": meta.get("scenario"), "target": target, "model": runner.model, "engine": meta.get("engine"),
-         "search": dataclasses.asdict(plan.search), "step": dataclasses.asdict(plan.step),
-         "request_fit": meta.get("request_fit")}, indent=2,
-        default=str) + "\n")
+    write_json(run_dir / CONFIG,
+               {"schema_version": SCHEMA_VERSION, "kind": "capacity", "scenario": meta.get("scenario"),
+                "target": target, "model": runner.model, "engine": meta.get("engine"),
+                "search": dataclasses.asdict(plan.search), "step": dataclasses.asdict(plan.step),
+                "request_fit": meta.get("request_fit")})
     stop_handlers = add_stop_handlers(loop, runner.stop)
     search = CapacitySearch(plan.search, refine_centre=lambda steps: rating.estimate(
         [step_entry(s) for s in steps], plan.search.axis))  # refine windows go to the estimate so far
@@ -315,8 +334,9 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
                 break
             step: Step = search.record(load, res)
             display.end_step(step_entry(step))
-            write_summary(run_dir, build_summary(plan, search.outcome(), meta=meta, duration_s=time.monotonic() - wall0,
-                                          complete=False, stopped="in progress"))
+            write_outputs(run_dir, build_summary(plan, search.outcome(), meta=meta,
+                                                 duration_s=time.monotonic() - wall0, complete=False,
+                                                 stopped="in progress"))
     finally:
         remove_stop_handlers(loop, stop_handlers)
         await runner.close()
@@ -330,7 +350,7 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
                                 complete=runner.stopped is None, stopped=runner.stopped, interval=interval)
     summary["prompt_length"] = prompt_length_of(records)  # over every step's requests
     summary["prefix_cache"] = prefix_cache_check(records, read_metrics(Path(run_dir) / METRICS), runner.sharing.share)
-    write_summary(run_dir, summary)
+    write_outputs(run_dir, summary)
     return CapacityResult(run_dir, summary, runner.stopped)
 
 

@@ -1,10 +1,9 @@
-"""Commands over a finished run folder: ``summarize`` (rebuild summary.json from the records),
+"""Commands over a finished run folder: ``summarize`` (rebuild a fixed-load run's summary.json from its records),
 ``report`` (report.html, or two runs compared) and ``gate`` (a run against its baseline, for CI)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from loadgen.commands.common import EXIT_OK, UsageError, goodput_slos
@@ -12,27 +11,17 @@ from loadgen.commands.summary_table import print_summary
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from loadgen.results.records import read_records
-    from loadgen.results.rundir import read_metrics
-    from loadgen.results.summary import summarize
+    """Rebuild a fixed-load run's summary.json from its records, keeping its kind and metadata; a capacity
+    run's (or any other kind's) is refused, exit 2, and left as it is (``results.rebuild``)."""
+    from loadgen.results.rebuild import NotRebuildable, rebuild_fixed_summary
+    from loadgen.results.rundir import write_summary
 
-    req = args.run_dir / "requests.jsonl"
-    if not req.is_file():
-        raise UsageError(f"{req} not found")
-    # The tier SLOs live in the old summary only (the records carry the tier, not its SLO): keep them.
-    tier_slos = {}
-    cfg_path = args.run_dir / "summary.json"
-    if cfg_path.is_file():
-        try:
-            old = json.loads(cfg_path.read_text())
-            tier_slos = {t: e["slo"] for t, e in (old.get("tiers") or {}).items() if "slo" in e}
-        except (ValueError, AttributeError):
-            pass
-    s = summarize(read_records(req), goodput=goodput_slos(args.goodput) or None, tier_slos=tier_slos,
-                  lateness_bound_ms=args.lateness_bound_ms,
-                  metrics=read_metrics(args.run_dir / "metrics.jsonl"))
-    s["run_id"] = args.run_dir.name
-    (args.run_dir / "summary.json").write_text(json.dumps(s, indent=2, default=float) + "\n")
+    try:
+        s = rebuild_fixed_summary(args.run_dir, goodput=goodput_slos(args.goodput) or None,
+                                  lateness_bound_ms=args.lateness_bound_ms)
+    except NotRebuildable as e:
+        raise UsageError(str(e)) from None
+    write_summary(args.run_dir, s)
     print_summary(s, args.run_dir, args.json)
     return EXIT_OK
 
