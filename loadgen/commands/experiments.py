@@ -33,6 +33,9 @@ def register(sub) -> argparse.ArgumentParser:
 
 
 def cmd_experiments(args: argparse.Namespace) -> int:
+    from loadgen.target.embedded import require_engine
+
+    require_engine()
     from engine.experiments.registry import EXPERIMENTS, unknown
     from loadgen.report.experiments import write_experiments_html
     from loadgen.results.rundir import write_json

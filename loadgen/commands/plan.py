@@ -10,7 +10,8 @@ model a discrete-event simulation of the scenario on the engine's scheduler pred
 ``--target-rps`` turns it into replicas and GPUs; ``--capacity-run DIR`` sets the prediction beside a
 measured capacity run (and leaves it in the run folder, ``prediction.json``, whose ``report.html`` then
 draws it beside the steps). The engine is imported here only (loadgen reaches it from its commands): its
-presets, its config reader and ``EngineConfig``'s defaults.
+presets, its config reader and ``EngineConfig``'s defaults, plain data that imports without torch, so the
+client plans alone; ``--hardware host`` and ``--calibrate embedded`` need the engine extra.
 """
 
 from __future__ import annotations
@@ -91,8 +92,7 @@ def register(sub) -> argparse.ArgumentParser:
 
 def resolve_model(spec: str, dtype_bytes: int):
     """A ModelShape from an engine preset, a checkpoint folder's config.json, or explicit sizes."""
-    from engine.loader import PRESETS
-    from engine.model import ModelConfig
+    from engine.model_config import PRESETS, ModelConfig  # plain data: no torch
     from loadgen.planning.model_shape import from_config, from_sizes
 
     if spec in PRESETS:
@@ -115,7 +115,7 @@ def resolve_model(spec: str, dtype_bytes: int):
 
 def engine_shape(opts: dict[str, Any], kv_tokens: int | None):
     """The scheduler's knobs: the scenario's engine options over ``EngineConfig``'s defaults."""
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig  # plain data: no torch
     from loadgen.planning.simulate import EngineShape
 
     names = {f.name for f in dataclasses.fields(EngineConfig)}

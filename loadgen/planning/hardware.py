@@ -57,10 +57,15 @@ def lookup(name: str) -> Accelerator:
 
 def measure_host(threads: int = 1, dtype: str = "float32", size: int = 512, repeat: int = 20) -> Accelerator:
     """This machine's CPU as torch sees it with ``threads`` threads (the embedded engine's default is one):
-    matmul FLOPs and copy bandwidth, best of ``repeat``. Memory is what the machine has."""
+    matmul FLOPs and copy bandwidth, best of ``repeat``. Memory is what the machine has. It measures the engine's
+    own kernels, so it needs torch (the engine extra): a ValueError saying so without it."""
     import os
 
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("--hardware host measures this machine with torch, as the reference engine runs: it needs "
+                         "the engine extra (pip install 'slobench[engine]'); or name a spec sheet, e.g. H100") from None
 
     old = torch.get_num_threads()
     torch.set_num_threads(threads)

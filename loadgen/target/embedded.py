@@ -2,11 +2,13 @@
 
 ``run``/``replay`` use this when no ``--target`` is given. The server's output goes to a log file in
 the run folder (never a pipe that could fill up and block it); when it dies or never gets healthy,
-the error shows the tail of that log.
+the error shows the tail of that log. The engine is the ``engine`` extra: without torch here,
+``require_engine`` (and so ``EmbeddedEngine``) ends with ``EngineNotInstalled`` before anything starts.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -22,6 +24,24 @@ from typing import Any
 
 class EngineStartError(RuntimeError):
     pass
+
+
+ENGINE_EXTRA_MISSING = "the reference engine needs the engine extra: pip install 'slobench[engine]'"
+
+
+class EngineNotInstalled(Exception):
+    """torch is not installed: a usage error (exit 2, one line), not a target that failed."""
+
+
+def require_engine() -> None:
+    """Raise ``EngineNotInstalled`` unless torch can be imported here (the engine runs in this interpreter or
+    a subprocess of it). Looked up, not imported: importing torch takes seconds."""
+    try:
+        missing = importlib.util.find_spec("torch") is None
+    except (ImportError, ValueError):  # a broken or half-removed install
+        missing = True
+    if missing:
+        raise EngineNotInstalled(ENGINE_EXTRA_MISSING)
 
 
 def free_port() -> int:
@@ -87,6 +107,8 @@ class EmbeddedEngine:
 
     def __init__(self, options: Mapping[str, Any] | None = None, log_path: str | Path | None = None,
                  startup_timeout_s: float = 180.0, module: str = "engine.server"):
+        if module.split(".")[0] == "engine":
+            require_engine()
         self.options = dict(options or {})
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s
