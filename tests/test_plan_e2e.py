@@ -79,7 +79,7 @@ def test_plan_calibrated_against_a_running_target(engine, tmp_path):
     (["loadgen/scenarios/chat.yaml"], "give --hardware"),
     (["loadgen/scenarios/chat.yaml", "--hardware", "tpu9"], "unknown hardware"),
     (["loadgen/scenarios/chat.yaml", "--hardware", "H100", "--model", "layers=2"], "--model"),
-    (["loadgen/scenarios/nope.yaml", "--hardware", "H100"], "not found"),
+    (["loadgen/scenarios/nope.yaml", "--hardware", "H100"], "no such file"),
     (["loadgen/scenarios/replay-mooncake.yaml", "--hardware", "H100"], "synthetic"),
     (["loadgen/scenarios/chat.yaml", "--hardware", "H100", "--capacity-run", "/nonexistent"], "summary.json"),
     (["loadgen/scenarios/chat.yaml", "--calibrate", "localhost:1"], "expected http"),

@@ -45,8 +45,8 @@ def register(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="capacity planning: theory, a calibration probe, a simulated rated capacity, "
                                     "replicas for a target load, the comparison with a capacity run",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", type=Path, help="a synthetic, single-turn, open-loop scenario, e.g. "
-                                                "loadgen/scenarios/chat.yaml")
+    p.add_argument("scenario", help="a synthetic, single-turn, open-loop scenario: a YAML file or a built-in's "
+                                     "name, e.g. chat (slobench scenarios lists them)")
     p.add_argument("--model", help="an engine preset (tiny, small), a Hugging Face folder with config.json, or "
                                    "sizes layers=32,hidden=4096,heads=32,kv_heads=8,intermediate=14336,vocab=128256 "
                                    "(default: the scenario's engine.model, else tiny)")
@@ -212,6 +212,7 @@ def build(args: argparse.Namespace) -> dict:
     from loadgen.planning.planner import PlanInputs, make_plan, slos_of
     from loadgen.planning.requests import check_scenario
     from loadgen.planning.step_model import Roofline
+    from loadgen.scenario.builtin import resolve_scenario
     from loadgen.scenario.parse import load_scenario
 
     if args.hardware is None and args.calibrate is None:
@@ -221,7 +222,7 @@ def build(args: argparse.Namespace) -> dict:
             raise UsageError(f"{name} must be >= {lo}, got {v}")
     if not 0 < args.mem_util <= 1 or args.overhead_ms < 0 or (args.target_rps is not None and args.target_rps <= 0):
         raise UsageError("need 0 < --mem-util <= 1, --overhead-ms >= 0 and --target-rps > 0")
-    scn = load_scenario(args.scenario, args.set)
+    scn = load_scenario(resolve_scenario(args.scenario), args.set)  # a file, or a built-in's name
     check_scenario(scn)
     engine_opts = scn.engine_options(args.engine_opt)
     headroom = scn.headroom if args.headroom is None else args.headroom
