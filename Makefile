@@ -42,7 +42,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 capacity: $(STAMP)
-	$(BIN)/slobench capacity loadgen/scenarios/chat.yaml
+	$(BIN)/slobench capacity chat
 
 demo: $(STAMP)
 	$(BIN)/slobench generate "The quick brown fox" --max-tokens 32
