@@ -24,6 +24,7 @@ ADDED |= {"breakdown.source_detail", "prefix_cache", "cancellations", "conversat
 ADDED_METRICS = ("ttfot", "chunk_gap")  # TTFOT and chunk gaps, overall and per tier (server semantics)
 ADDED |= {f"breakdown.{s}_front_end_ms" for s in ("mean", "p50", "p99")}  # the front end's share (engine speed)
 ADDED |= {f"breakdown.{s}_held_ms" for s in ("mean", "p50", "p99")}  # first token -> first text (overload)
+ADDED |= {"schema_version"}  # outputs as an interface (docs/outputs.md)
 ADDED_RECORD_FIELDS = {"prompt_tokens_intended", "first_output_s", "reasoning_tokens", "chunk_tokens",
                        "cached_tokens", "conversation", "turn", "cancel_reason"}
 TIME = {"scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "server", "first_output_s"}
