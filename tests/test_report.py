@@ -42,32 +42,48 @@ def _no_raw_run_markup(html: str) -> None:
     assert "&lt;/script&gt;&lt;img src=x onerror=" in html
 
 
+def plots_by_title(html: str) -> dict[str, dict]:
+    """The page's figures by their title (``layout.meta.title``)."""
+    return {p["layout"]["meta"]["title"]: p for p in _plots(html)}
+
+
+CAPACITY_PLOTS = {"Throughput against offered load", "Latency against offered load",
+                  "The rating's evidence: requests over each SLO against offered load",
+                  "TTFT at the rated and first failing loads",
+                  "Inter-token latency at the rated and first failing loads",
+                  "TPOT at the rated and first failing loads", "E2E latency at the rated and first failing loads",
+                  "Where the time goes", "Service health over the run"}
+
+
 def test_capacity_report(tmp_path):
     run = make_capacity_run(tmp_path / "cap")
     out = write_report(run)
     html = out.read_text()
     assert out == run / "report.html"
     plots = _plots(html)
-    assert len(plots) == 5 and f'data-plots-expected="{len(plots)}"' in html
+    assert len(plots) == 9 and f'data-plots-expected="{len(plots)}"' in html
     assert all(f'id="{p["id"]}"' in html for p in plots)
-    load = plots[0]
-    names = {t.get("name") for t in load["data"]}
+    by = plots_by_title(html)
+    assert set(by) == CAPACITY_PLOTS
+    lat = by["Latency against offered load"]
+    names = {t.get("name") for t in lat["data"]}
     assert {"premium p50", "premium p99", "standard p99", "basic p99"} <= names
-    shapes = load["layout"]["shapes"]
+    shapes = lat["layout"]["shapes"]
     assert any(s.get("y0") == 300.0 and s.get("type") == "line" for s in shapes)  # premium SLO line
     assert any(s.get("x0") == 10.0 for s in shapes)  # rated capacity
-    assert any(s.get("x0") == 8.0 for s in shapes)  # spec capacity (20% headroom)
-    bars = [t for t in plots[1]["data"] if t["type"] == "bar"]
+    thr = by["Throughput against offered load"]
+    assert any(s.get("x0") == 8.0 for s in thr["layout"]["shapes"])  # spec capacity (20% headroom)
+    bars = [t for t in by["Where the time goes"]["data"] if t["type"] == "bar"]
     assert [t["name"] for t in bars] == ["queue", "prefill", "network + frontend", "decode"]
     assert len(bars[0]["x"]) == 7
-    health = plots[4]
+    health = by["Service health over the run"]
     panels = {a["text"] for a in health["layout"]["annotations"] if "text" in a}
     assert {"TTFT (ms)", "output tokens/s", "KV usage (%)", "batch fill ratio", "admission rejections/s"} <= panels
     assert "no data" not in " ".join(panels)
     # tables and metadata
-    for text in ("Load steps", "bisect", "stopped early", "Per-tier percentiles", "Errors by status", "rejected",
-                 "0123456789abcdef", "aiohttp", "rated capacity 10.0 req/s", "concurrency at rated",
-                 "judged over windows of"):
+    for text in ("Load steps", "bisect", "stopped early", "Per-tier percentiles at the rated and first failing loads",
+                 "Errors by status", "rejected", "0123456789abcdef", "aiohttp", "Rated capacity 10 req/s offered",
+                 "concurrency at rated", "judged over windows of"):
         assert text in html, text
     assert "chat&lt;script&gt;" in html and "&lt;b&gt;target&lt;/b&gt;" in html
     _no_raw_run_markup(html)
@@ -131,7 +147,7 @@ def test_partial_and_old_summaries(tmp_path):
     s = json.loads((cap / "summary.json").read_text())
     assert s["verdict"] == "never_met" and s["rated_capacity"] is None
     html = write_report(cap).read_text()
-    assert "the SLO was never met" in html and len(_plots(html)) == 5
+    assert "the SLO was never met" in html and len(_plots(html)) == 9
     (cap / "summary.json").write_text("{broken")
     assert "summary.json was missing" in write_report(cap).read_text()
 
@@ -224,10 +240,12 @@ def test_cli_report_and_compare(tmp_path, capsys):
 
 def test_concurrency_axis(tmp_path):
     run = make_capacity_run(tmp_path / "conc", axis="concurrency")
-    load = _plots(write_report(run).read_text())[0]
-    assert load["layout"]["xaxis"]["title"]["text"].startswith("concurrency")
+    html = write_report(run).read_text()
+    thr = plots_by_title(html)["Throughput against offered load"]
+    assert thr["layout"]["xaxis"]["title"]["text"].startswith("users")
     # rated at 10 users (the step's load), spec 8 (20% headroom), not the in-flight count (2)
-    assert {s.get("x0") for s in load["layout"]["shapes"] if s.get("x0") is not None} >= {10.0, 8.0}
+    assert {s.get("x0") for s in thr["layout"]["shapes"] if s.get("x0") is not None} >= {10.0, 8.0}
+    assert "Rated capacity 10 req/s served at 10 users" in html
 
 
 def test_capacity_with_records_but_no_step_breakdown(tmp_path):

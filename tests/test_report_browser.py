@@ -8,6 +8,7 @@ Chromium is driven over the DevTools protocol with aiohttp's websocket client. I
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import json
@@ -94,9 +95,9 @@ def browser():
         br.close()
 
 
-async def _open(br: Browser, page: Path, timeout: float = 60.0) -> dict:
+async def _open(br: Browser, page: Path, timeout: float = 60.0, screenshot: Path | None = None) -> dict:
     """Load ``page`` in a new tab; returns the probe's result plus the console errors, exceptions,
-    dialogs and non-file requests seen."""
+    dialogs and non-file requests seen; with ``screenshot``, a full-page PNG of it written there."""
     port = await asyncio.get_running_loop().run_in_executor(None, br.port)
     async with aiohttp.ClientSession() as s:
         async with s.put(f"http://127.0.0.1:{port}/json/new?about:blank") as r:
@@ -157,6 +158,12 @@ async def _open(br: Browser, page: Path, timeout: float = 60.0) -> dict:
                         break
                     await asyncio.sleep(0.1)
                 await asyncio.sleep(0.3)  # late errors (a resize handler, a second frame)
+                if screenshot is not None:
+                    size = (await call("Page.getLayoutMetrics"))["result"]["cssContentSize"]
+                    shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                                      clip={"x": 0, "y": 0, "width": size["width"], "height": size["height"],
+                                            "scale": 1})
+                    screenshot.write_bytes(base64.b64decode(shot["result"]["data"]))
                 task.cancel()
                 return {**probe, **seen}
         finally:
@@ -164,8 +171,8 @@ async def _open(br: Browser, page: Path, timeout: float = 60.0) -> dict:
                 await r.read()
 
 
-def open_page(br: Browser, page: Path) -> dict:
-    return asyncio.run(_open(br, page))
+def open_page(br: Browser, page: Path, screenshot: Path | None = None) -> dict:
+    return asyncio.run(_open(br, page, screenshot=screenshot))
 
 
 def _check(res: dict, plots: int) -> None:

@@ -8,10 +8,13 @@ docs/ARCHITECTURE.md, so the report code is tested against what the measuring co
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
 
+from loadgen.capacity import rating
+from loadgen.results import latency
 from loadgen.results.summary import summarize
 
 XSS = '</script><img src=x onerror="alert(1)"><script>alert(2)</script> & \u2028'
@@ -76,14 +79,26 @@ META = {"driver": "aiohttp", "target": "http://127.0.0.1:9/<b>target</b>", "star
         "machine": {"cpus": 2, "host": "ci"}}
 
 
+def _judged(recs: list[dict], thr: float, q: float) -> dict[str, Any]:
+    """A step's judgement of one TTFT SLO, as ``capacity.step_stats.tier_entry`` writes it (its counts)."""
+    vals = latency.slo_values(recs, "ttft_ms")
+    value = latency.quantile(vals, q) if vals.size else None
+    value = None if value is None or math.isinf(value) else value
+    return {"value_ms_q": value, "threshold_ms": thr, "quantile": q, "passed": value is not None and value <= thr,
+            "over": int((vals > thr).sum()), "n": int(vals.size), "runs": int((vals > thr).sum() > 0)}
+
+
 def make_capacity_run(path: Path, *, knee: float = 8.0, scale: float = 1.0, error_text: str = XSS,
                       metrics: bool = True, seed: int = 0, axis: str = "rate") -> Path:
-    """A capacity search whose premium p99 TTFT crosses 300 ms at about ``knee`` req/s (x ``scale``)."""
+    """A capacity search whose premium p99 TTFT crosses 300 ms at about ``knee`` req/s (x ``scale``): with the
+    defaults rated at 10 req/s (steps 5), first failing at 12 (step 4), the rating's interval from
+    ``capacity.rating.rate`` over the steps' counts. Each step's window is its whole stage."""
     rng = random.Random(seed)
     loads = [2.0, 4.0, 8.0, 16.0, 12.0, 10.0, 9.0]
     phases = ["ramp"] * 4 + ["bisect"] * 3
     slo = {"premium": {"metric": "ttft_ms", "quantile": 0.99, "threshold_ms": 300.0},
            "standard": {"metric": "ttft_ms", "quantile": 0.99, "threshold_ms": 800.0}, "basic": None}
+    tier_slos = {t: {"ttft_ms": v["threshold_ms"]} for t, v in slo.items() if v}
     records, steps, t0, i = [], [], 0.0, 0
     step_dur = 3.0
     for idx, (load, phase) in enumerate(zip(loads, phases, strict=True)):
@@ -102,19 +117,25 @@ def make_capacity_run(path: Path, *, knee: float = 8.0, scale: float = 1.0, erro
                 recs.append(_record(i, idx, tier, t, ttft))
             i += 1
         records += recs
-        s = summarize(recs)
+        s = summarize(recs, tier_slos=tier_slos)
         tiers = {}
         for tier in ("premium", "standard", "basic"):
             e = (s.get("tiers") or {}).get(tier, {})
             p99 = e.get("p99_ttft_ms")
             thr = (slo[tier] or {}).get("threshold_ms")
-            tiers[tier] = {"requests": e.get("requests", 0), "ttft_ms_q": p99,
+            mine = [r for r in recs if r["tier"] == tier]
+            tiers[tier] = {"requests": e.get("requests", 0), "quantile": 0.99, "ttft_ms_q": p99,
                            "ci_low_ms": p99 * 0.9 if p99 else None, "ci_high_ms": p99 * 1.1 if p99 else None,
                            "passed": None if thr is None else (p99 is not None and p99 <= thr),
-                           "p50_ttft_ms": e.get("median_ttft_ms"), "p99_ttft_ms": p99}
+                           "p50_ttft_ms": e.get("median_ttft_ms"), "p99_ttft_ms": p99,
+                           "judged": {"ttft_ms": _judged(mine, thr, 0.99)} if thr else {}}
+        ok = [r for r in recs if r["status"] == "ok"]
         passed = all(v["passed"] is not False for v in tiers.values())
         steps.append({"index": idx, "load": load, "phase": phase, "passed": passed, "stopped_early": load >= 16,
-                      "duration_s": step_dur, "requests": n, "tiers": tiers,
+                      "duration_s": step_dur, "requests": n, "tiers": tiers, "counted": True,
+                      "window_s": [round(t0, 3), round(t0 + step_dur, 3)], "offered_rps": n / step_dur,
+                      "planned_rps": n / step_dur, "throughput_rps": len(ok) / step_dur,
+                      "output_tok_s": 8 * len(ok) / step_dur, "goodput_rps": len(ok) / step_dur,
                       "breakdown": {"mean_queue_ms": 20.0 * load, "mean_prefill_ms": 30.0, "mean_network_ms": 2.0,
                                     "mean_decode_ms": 140.0, "source": "server timing"},
                       "kv_usage": 0.05 * load, "batch_fill_ratio": min(1.0, load / 16), "admission_rejections":
@@ -122,17 +143,29 @@ def make_capacity_run(path: Path, *, knee: float = 8.0, scale: float = 1.0, erro
         t0 += step_dur + 0.5
     passing = [s["load"] for s in steps if s["passed"]]
     rated = max(passing) if passing else None
+    failing = [s["load"] for s in steps if not s["passed"] and (rated is None or s["load"] > rated)]
+    first_fail = min(failing) if failing else None
+    rated_steps = [s["index"] for s in steps if s["load"] == rated]
+    interval = rating.rate(steps, axis) if rated else None
+    rc = None
+    if rated:
+        rc = {"rate_rps": rated, "requested_rps": rated, "concurrency": rated * 0.2,
+              "concurrency_littles_law": rated * 0.2, "concurrency_measured": rated * 0.21, "concurrency_agree": True,
+              "output_tok_s": rated * 8, "spec_rate_rps": rated * 0.8, "load": rated, "window_s": 2.5, "axis": axis,
+              "step": rated_steps[-1], "steps": rated_steps, "lower_bound": False}
+        if interval:
+            rc.update(estimate=interval["estimate"], ci_low=interval["ci_low"], ci_high=interval["ci_high"],
+                      ci_of=interval["of"], confidence=interval["confidence"], boundary=interval["boundary"],
+                      binding=interval["binding"], interval=interval)
+    deciding = [s["index"] for s in steps if s["load"] in (rated, first_fail)]
     summary = {
-        "kind": "capacity", "run_id": path.name, "scenario": {"name": "chat<script>",
-                                                         "path": "loadgen/scenarios/chat.yaml"},
+        "kind": "capacity", "run_id": path.name, "scenario": {"name": "chat<script>", "path": "scenarios/chat.yaml"},
         **META, "duration_s": t0, "verdict": "rated" if rated else "never_met",
-        "verdict_text": f"rated capacity {rated} req/s" if rated else "the SLO was never met",
-        "axis": axis, "slo": slo, "headroom": 0.2,
-        "rated_capacity": {"rate_rps": rated, "concurrency": rated * 0.2, "concurrency_littles_law": rated * 0.2,
-                           "concurrency_measured": rated * 0.21, "concurrency_agree": True,
-                           "output_tok_s": rated * 8, "spec_rate_rps": rated * 0.8, "load": rated,
-                           "window_s": 2.5, "axis": axis} if rated else None,
-        "steps": steps, "valid": True, "lateness": {"p50_ms": 0.3, "p99_ms": 1.2, "bound_ms": 10.0},
+        "verdict_text": f"rated capacity {rated} req/s (the search's words)" if rated else "the SLO was never met",
+        "axis": axis, "slo": slo, "slos": {t: [v] for t, v in slo.items() if v}, "headroom": 0.2,
+        "rated_capacity": rc, "first_fail_load": first_fail,
+        "steps": steps, "valid": True,
+        "lateness": {"p50_ms": 0.3, "p99_ms": 1.2, "bound_ms": 10.0, "deciding_steps": deciding},
     }
     return write_run(path, records, summary,
                      _metric_lines(t0, ["premium", "standard", "basic"],

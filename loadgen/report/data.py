@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from loadgen.capacity.rating import step_load
 from loadgen.results import latency
 from loadgen.results.records import read_records
 from loadgen.results.rundir import PREDICTION, read_metrics
@@ -141,18 +142,18 @@ def percentile(values, q: float) -> float | None:
 
 def itl_ms(df: pd.DataFrame) -> np.ndarray:
     """Every gap between content chunks of the frame's requests, pooled (ms)."""
-    return latency.pooled_itl_ms(_records(df))
+    return latency.pooled_itl_ms(records_of(df))
 
 
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """The frame's rows as record dicts, for ``latency``'s per-request functions."""
+def records_of(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The frame's rows as record dicts, for ``latency``'s per-request functions (a pandas NaN back to the
+    record's None)."""
     cols = [c for c in RECORD_COLUMNS if c in df.columns]
     rows = df[cols].to_dict("records")
     for r in rows:
         if not isinstance(r.get("token_s"), list):
             r["token_s"] = []
-        for k in ("first_token_s", "done_s", "sent_s", "output_tokens"):
-            v = r.get(k)
+        for k, v in r.items():
             if isinstance(v, float) and math.isnan(v):
                 r[k] = None
     return rows
@@ -173,13 +174,15 @@ def ecdf(values, max_points: int = 1000) -> tuple[list[float], list[float]]:
     return v.round(4).tolist(), y.round(6).tolist()
 
 
-def tier_table(run: RunData) -> list[dict[str, Any]]:
-    """Whole-run percentiles per tier (plus ``all``) from the records."""
-    df = run.requests
+def tier_table(run: RunData, df: pd.DataFrame | None = None,
+               tier_summaries: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Percentiles per tier (plus ``all``) of the records of ``df`` (default: the whole run), with the SLO
+    attainment of ``tier_summaries`` (summaries' ``tiers`` sections, pooled; default: the run's)."""
+    df = run.requests if df is None else df
     if df.empty:
         return []
     live = df[df["status"] != "cancelled"]
-    slo_summary = run.summary.get("tiers") or {}
+    slo_summary = pooled_attainment(tier_summaries if tier_summaries is not None else [run.summary.get("tiers") or {}])
     rows = []
     groups = [(t, g) for t, g in live.groupby("tier", sort=True)]
     if len(groups) > 1:
@@ -192,10 +195,28 @@ def tier_table(run: RunData) -> list[dict[str, Any]]:
         for name, vals in (("ttft", ok["ttft_ms"]), ("tpot", ok["tpot_ms"]), ("itl", it), ("e2el", ok["e2el_ms"])):
             for q in (50, 90, 99):
                 row[f"p{q}_{name}_ms"] = percentile(vals, q)
-        att = (slo_summary.get(tier) or {}).get("slo_attainment")
-        row["slo_attainment"] = att
+        row["slo_attainment"] = slo_summary.get(tier)
         rows.append(row)
     return rows
+
+
+def pooled_attainment(tier_summaries: list[dict[str, Any]]) -> dict[str, float | None]:
+    """{tier: requests that met its SLOs / its requests} over several summaries' ``tiers`` sections (one
+    summary: its own ``slo_attainment``)."""
+    met: dict[str, float] = {}
+    total: dict[str, float] = {}
+    for tiers in tier_summaries:
+        for tier, e in (tiers or {}).items():
+            if not isinstance(e, dict) or not isinstance(e.get("slo_attainment"), (int, float)):
+                continue
+            n = e.get("requests") if isinstance(e.get("requests"), (int, float)) else None
+            m = e.get("slo_met") if isinstance(e.get("slo_met"), (int, float)) else None
+            if n is None or m is None:  # an older summary: its attainment alone, weighted by one
+                n, m = 1.0, float(e["slo_attainment"])
+            met[tier] = met.get(tier, 0.0) + float(m)
+            total[tier] = total.get(tier, 0.0) + float(n)
+    out: dict[str, float | None] = {t: (met[t] / total[t] if total[t] else None) for t in total}
+    return out
 
 
 def errors_table(run: RunData, examples: int = 1) -> list[dict[str, Any]]:
@@ -219,7 +240,7 @@ def errors_table(run: RunData, examples: int = 1) -> list[dict[str, Any]]:
 def _stage_breakdown(g: pd.DataFrame) -> dict[str, Any]:
     """The breakdown of one stage's records (per-request server timing only: a fixed run's scrape is not
     split by stage)."""
-    return latency.breakdown(_records(g))
+    return latency.breakdown(records_of(g))
 
 
 def steps(run: RunData) -> list[dict[str, Any]]:
@@ -239,6 +260,7 @@ def steps(run: RunData) -> list[dict[str, Any]]:
                 g = run.requests[run.requests["stage"] == s["index"]] if not run.requests.empty else run.requests
                 bd = _stage_breakdown(g) if not g.empty else bd
             s["breakdown"] = bd
+            s["offered"] = offered_load(s, str(run.summary.get("axis") or "rate"))
             out.append(s)
         return out
     df = run.requests
@@ -257,7 +279,7 @@ def steps(run: RunData) -> list[dict[str, Any]]:
                            "p99_ttft_ms": percentile(tok["ttft_ms"], 99), "passed": None}
             slo = slos.get(tier) if isinstance(slos, dict) else None
             if isinstance(slo, dict) and slo.get("threshold_ms") is not None:  # the SLO rule: failures at inf
-                vals = latency.slo_values(_records(tg), "ttft_ms")
+                vals = latency.slo_values(records_of(tg), "ttft_ms")
                 q = latency.quantile(vals, float(slo.get("quantile", 0.99))) if vals.size else None
                 tiers[tier]["passed"] = q is not None and q <= float(slo["threshold_ms"])
         out.append({
@@ -266,6 +288,20 @@ def steps(run: RunData) -> list[dict[str, Any]]:
             "completed": len(ok), "tiers": tiers, "breakdown": _stage_breakdown(g),
         })
     return out
+
+
+def offered_load(step: dict[str, Any], axis: str) -> float | None:
+    """The load a capacity step offered the target: ``offered_rps`` (the requests sent in its window / the
+    window's length, the rate ``rated_capacity.rate_rps`` pools), else where the rating places it
+    (``capacity.rating.step_load``); its users on the concurrency axis."""
+    if axis == "concurrency":
+        return _finite(step.get("load"))
+    offered = _finite(step.get("offered_rps"))
+    return offered if offered is not None and offered > 0 else step_load(step, axis)
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
 def load_axis(run: RunData) -> tuple[str, str]:

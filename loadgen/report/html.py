@@ -24,6 +24,7 @@ from markupsafe import Markup
 from loadgen.report import compare as cmp
 from loadgen.report import data as d
 from loadgen.report import plots as P
+from loadgen.report.capacity_page import capacity_sections
 from loadgen.report.templates import BASE, COMPARE, MACROS, REPORT
 
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
@@ -111,15 +112,51 @@ def _scenario_name(s: dict[str, Any], config: dict[str, Any]) -> str:
     return ""
 
 
-def _verdicts(run: d.RunData) -> list[dict[str, str]]:
+def headline(run: d.RunData, first_fail: dict[str, Any] | None = None) -> str | None:
+    """The capacity verdict's line, from the numeric fields alone: ``rated_capacity.rate_rps`` (the offered
+    rate, the one headline number, as the tile shows it), what was requested there, where the SLO broke, the
+    interval and the spec capacity. None without a rated capacity."""
+    s = run.summary
+    rc = s.get("rated_capacity") if isinstance(s.get("rated_capacity"), dict) else {}
+    rate = rc.get("rate_rps")
+    if not isinstance(rate, (int, float)):
+        return None
+    closed = rc.get("axis") == "concurrency" or s.get("axis") == "concurrency"
+    text = f"Rated capacity {'≥ ' if rc.get('lower_bound') else ''}{fmt(rate)} req/s " + (
+        f"served at {fmt(rc.get('load'))} users" if closed else "offered")
+    if not closed and isinstance(rc.get("requested_rps"), (int, float)):
+        text += f" (requested {fmt(rc['requested_rps'])} req/s)"
+    if rc.get("lower_bound"):
+        text += ": every SLO held at every load tried, so the capacity is at least that"
+    elif first_fail and isinstance(first_fail.get("offered"), (int, float)):
+        text += f": every SLO held there and broke at {fmt(first_fail['offered'])} " + (
+            "users" if closed else f"req/s offered (requested {fmt(first_fail.get('requested'))} req/s)")
+    if isinstance(rc.get("ci_low"), (int, float)) and isinstance(rc.get("ci_high"), (int, float)):
+        binding = rc.get("binding") if isinstance(rc.get("binding"), dict) else {}
+        conf = f"{fmt(100 * rc['confidence'])}% " if isinstance(rc.get("confidence"), (int, float)) else ""
+        text += (f". {conf}interval of the capacity: {fmt(rc['ci_low'])}–{fmt(rc['ci_high'])} "
+                 f"{'users' if rc.get('ci_of') == 'concurrency' else 'req/s'} (estimate {fmt(rc.get('estimate'))}; "
+                 f"{rc.get('boundary') or '-'} boundary; binding: {binding.get('tier', '-')} "
+                 f"{binding.get('metric', '')})")
+    if isinstance(rc.get("spec_rate_rps"), (int, float)):
+        head = s.get("headroom")
+        text += (f". Spec capacity with {fmt(100 * head) if isinstance(head, (int, float)) else '?'}% headroom: "
+                 f"{fmt(rc['spec_rate_rps'])} req/s")
+    return text + "."
+
+
+def _verdicts(run: d.RunData, first_fail: dict[str, Any] | None = None) -> list[dict[str, str]]:
     s, out = run.summary, []
     n = s.get("requests")
     if run.is_capacity:
         v = s.get("verdict")
         rc = s.get("rated_capacity") if isinstance(s.get("rated_capacity"), dict) else {}
         cls = {"rated": "good", "never_met": "bad", "never_broke": "warn"}.get(str(v), "warn")
-        text = s.get("verdict_text") or (f"rated capacity {fmt(rc.get('rate_rps'))} req/s" if rc else
-                                         f"verdict: {v or 'unknown (no verdict in summary.json)'}")
+        text = headline(run, first_fail)
+        if text is None:  # no rating: the search's own account (never met, or no verdict yet)
+            text = s.get("verdict_text") or f"verdict: {v or 'unknown (no verdict in summary.json)'}"
+        elif v not in ("rated", "never_broke"):
+            text = f"{str(v).upper()}: the steps say: {text}"
         out.append({"cls": cls, "text": str(text)})
         if rc and rc.get("concurrency_agree") is False:
             out.append({"cls": "warn", "text": (
@@ -160,7 +197,7 @@ def _cards(run: d.RunData) -> list[dict[str, Any]]:
         rc = s.get("rated_capacity") if isinstance(s.get("rated_capacity"), dict) else {}
         head = s.get("headroom")
         return [
-            {"label": "rated capacity", "value": rc.get("rate_rps"), "unit": "req/s"},
+            {"label": "rated capacity (offered)", "value": rc.get("rate_rps"), "unit": "req/s"},
             {"label": "judged over windows of", "value": rc.get("window_s"), "unit": "s"},
             {"label": f"spec capacity ({fmt(100 * head) if isinstance(head, (int, float)) else '?'}% headroom)",
              "value": rc.get("spec_rate_rps"), "unit": "req/s"},
@@ -209,31 +246,35 @@ def _duration(run: d.RunData) -> float | None:
 def render_report(run: d.RunData) -> str:
     steps = d.steps(run)
     pl = _Plots()
-    single = "a single load level: no load axis to plot" if not run.is_capacity else \
-        "no step has a load and a TTFT (did every request fail?)"
-    pl.add("load", "TTFT against load", P.load_vs_ttft(run, steps), single)
+    cap: dict[str, Any] = {}
+    if run.is_capacity:
+        cap = capacity_sections(run, steps, pl)
+    else:
+        pl.add("load", "TTFT against load", P.load_vs_ttft(run, steps), "a single load level: no load axis to plot")
     pl.add("breakdown", "Latency breakdown", P.breakdown(run, steps),
            "no breakdown: the target sent no per-request timing and the scrape has no vLLM phase histograms")
-    none_ok = "no successful request, so no latency to plot"
-    pl.add("ttft_cdf", "TTFT CDF", P.cdf(run, "ttft"), none_ok)
-    pl.add("itl_cdf", "ITL CDF", P.cdf(run, "itl"), none_ok if run.ok.empty else
-           "no request streamed more than one chunk")
+    if not run.is_capacity:  # one load: the whole run's distributions (a capacity run's are per load, above)
+        none_ok = "no successful request, so no latency to plot"
+        pl.add("ttft_cdf", "TTFT CDF", P.cdf(run, "ttft"), none_ok)
+        pl.add("itl_cdf", "ITL CDF", P.cdf(run, "itl"), none_ok if run.ok.empty else
+               "no request streamed more than one chunk")
     if run.is_capacity:
         pl.add("prediction", "Predicted against measured", P.prediction(run),
                "no prediction.json: `slobench plan SCENARIO --calibrate ... --capacity-run THIS_FOLDER` puts one here")
     hfig, missing = P.health(run)
     pl.add("health", "Service health", hfig, "no records and no scraped metrics")
-    step_tiers = P._tier_sort({t for s in steps for t in (s.get("tiers") or {})})
+    step_tiers = P.tier_sort({t for s in steps for t in (s.get("tiers") or {})})
     ctx = {
         **_versions(), "generated_at": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "plotly_js": _plotly_js(), "plots": pl.items, "plots_by": pl.by,
         "run": run, "s": run.summary, "scenario_name": _scenario_name(run.summary, run.config),
-        "duration": _duration(run), "verdicts": _verdicts(run), "cards": _cards(run), "rebuilt": run.summary_rebuilt,
+        "duration": _duration(run), "verdicts": _verdicts(run, cap.get("first_fail")), "cards": _cards(run),
+        "rebuilt": run.summary_rebuilt,
         "breakdown_source": ", ".join(sorted({str((st.get("breakdown") or {}).get("source")) for st in steps
                                               if (st.get("breakdown") or {}).get("source")})),
         "steps": steps, "step_tiers": step_tiers, "axis": d.load_axis(run)[0],
         "tiers": d.tier_table(run), "errors": d.errors_table(run), "meta": _meta(run),
-        "prediction": run.prediction,
+        "prediction": run.prediction, "cap": cap,
         "health_missing": [] if hfig is None and not missing else missing, "has_metrics": not run.metrics.empty,
     }
     return _env().get_template("report").render(**ctx)

@@ -26,15 +26,15 @@ LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=40,
 
 
 
-def _tier_sort(tiers) -> list[str]:
+def tier_sort(tiers) -> list[str]:
     return sorted(tiers, key=lambda t: (TIER_ORDER.index(t) if t in TIER_ORDER else len(TIER_ORDER), t))
 
 
 def tier_colors(tiers) -> dict[str, str]:
-    return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(_tier_sort(tiers))}
+    return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(tier_sort(tiers))}
 
 
-def _fig(title: str, **layout) -> go.Figure:
+def figure(title: str, **layout) -> go.Figure:
     f = go.Figure()  # the page's section heading is the title; ``title`` names the figure for screen readers
     f.update_layout(meta={"title": title}, **{**LAYOUT, **layout})
     return f
@@ -53,9 +53,9 @@ def load_vs_ttft(run: d.RunData, steps: list[dict]) -> go.Figure | None:
         return None
     pts.sort(key=lambda s: s["load"])
     _, xlabel = d.load_axis(run)
-    tiers = _tier_sort({t for s in pts for t in (s.get("tiers") or {})})
+    tiers = tier_sort({t for s in pts for t in (s.get("tiers") or {})})
     colors = tier_colors(tiers)
-    f = _fig("TTFT against load", xaxis_title=xlabel, yaxis_title="TTFT (ms)")
+    f = figure("TTFT against load", xaxis_title=xlabel, yaxis_title="TTFT (ms)")
     for tier in tiers:
         rows = [(s["load"], (s["tiers"] or {}).get(tier) or {}, s) for s in pts]
         for q, dash in (("p50", "dot"), ("p99", "solid")):
@@ -110,7 +110,7 @@ def prediction(run: d.RunData) -> go.Figure | None:
         return None
     slos = {t: [s for s in ss if isinstance(s, dict)] for t, ss in (pred.get("slos") or {}).items()}
     colors = tier_colors(slos)
-    f = _fig("Predicted and measured SLO quantiles against load", xaxis_title="load (requests/s)",
+    f = figure("Predicted and measured SLO quantiles against load", xaxis_title="load (requests/s)",
              yaxis_title="ms (the top edge: more, or failed)")
 
     top = max((_num(s.get("threshold_ms")) or 0.0 for ss in slos.values() for s in ss), default=0.0)
@@ -174,12 +174,14 @@ def breakdown(run: d.RunData, steps: list[dict]) -> go.Figure | None:
             and any(_num(s["breakdown"].get(k)) is not None for k, _, _ in PARTS)]
     if not rows:
         return None
-    rows.sort(key=lambda s: (_num(s.get("load")) is None, _num(s.get("load")) or 0, s.get("index", 0)))
-    labels = [f"{s.get('load'):.3g}" if _num(s.get("load")) is not None else f"step {s.get('index')}"
+    def x(s: dict) -> float | None:  # a capacity step's offered load, else its load
+        return _num(s.get("offered")) if _num(s.get("offered")) is not None else _num(s.get("load"))
+
+    rows.sort(key=lambda s: (x(s) is None, x(s) or 0, s.get("index", 0)))
+    labels = [f"#{s.get('index')} @ {x(s):.3g}" if x(s) is not None else f"#{s.get('index')} @ step {s.get('index')}"
               for s in rows]
-    labels = [f"#{s.get('index')} @ {lab}" for s, lab in zip(rows, labels, strict=True)]
-    _, xlabel = d.load_axis(run)
-    f = _fig("Where the time goes, per load step (means)", barmode="stack", xaxis_title=f"step @ {xlabel}",
+    xlabel = "offered load (req/s)" if run.is_capacity and d.load_axis(run)[0] != "concurrency" else d.load_axis(run)[1]
+    f = figure("Where the time goes, per load step (means)", barmode="stack", xaxis_title=f"step @ {xlabel}",
              yaxis_title="ms", xaxis_type="category")
     sources = {str(s["breakdown"].get("source")) for s in rows}
     for key, name, color in PARTS:
@@ -196,10 +198,10 @@ def cdf(run: d.RunData, what: str) -> go.Figure | None:
     ok = run.ok
     if ok.empty:
         return None
-    tiers = _tier_sort(ok["tier"].unique())
+    tiers = tier_sort(ok["tier"].unique())
     colors = tier_colors(tiers)
     title = {"ttft": "TTFT distribution per tier", "itl": "Inter-token latency distribution per tier"}[what]
-    f = _fig(title, xaxis_title=f"{what.upper()} (ms)", yaxis_title="fraction of requests" if what == "ttft"
+    f = figure(title, xaxis_title=f"{what.upper()} (ms)", yaxis_title="fraction of requests" if what == "ttft"
              else "fraction of token gaps", yaxis_range=[0, 1.01])
     drawn = 0
     for tier in tiers:
@@ -262,7 +264,7 @@ def health(run: d.RunData) -> tuple[go.Figure | None, list[str]]:
 
 
 def compare_cdf(runs: Sequence[d.RunData], what: str = "ttft") -> go.Figure | None:
-    f = _fig(f"{what.upper()} distribution: A vs B (all tiers)", xaxis_title=f"{what.upper()} (ms)",
+    f = figure(f"{what.upper()} distribution: A vs B (all tiers)", xaxis_title=f"{what.upper()} (ms)",
              yaxis_title="fraction", yaxis_range=[0, 1.01])
     drawn = 0
     for run, label, dash in zip(runs, ("A", "B"), ("dash", "solid"), strict=False):
@@ -277,14 +279,14 @@ def compare_cdf(runs: Sequence[d.RunData], what: str = "ttft") -> go.Figure | No
 
 
 def compare_load(runs: Sequence[d.RunData], steps: Sequence[list[dict]]) -> go.Figure | None:
-    f = _fig("p99 TTFT against load: A vs B", yaxis_title="p99 TTFT (ms)",
+    f = figure("p99 TTFT against load: A vs B", yaxis_title="p99 TTFT (ms)",
              xaxis_title=d.load_axis(runs[0])[1])
     drawn = 0
     for k, (run, st, label) in enumerate(zip(runs, steps, ("A", "B"), strict=False)):
         pts = sorted((s for s in st if _num(s.get("load")) is not None), key=lambda s: s["load"])
         if len(pts) < 2:
             continue
-        for j, tier in enumerate(_tier_sort({t for s in pts for t in (s.get("tiers") or {})})):
+        for j, tier in enumerate(tier_sort({t for s in pts for t in (s.get("tiers") or {})})):
             xs = [s["load"] for s in pts if _num(((s["tiers"] or {}).get(tier) or {}).get("p99_ttft_ms")) is not None]
             ys = [s["tiers"][tier]["p99_ttft_ms"] for s in pts
                   if _num(((s["tiers"] or {}).get(tier) or {}).get("p99_ttft_ms")) is not None]
@@ -311,7 +313,7 @@ def compare_breakdown(runs: Sequence[d.RunData], steps: Sequence[list[dict]], ra
             parts[k].append(_num(s["breakdown"].get(k)) or 0.0)
     if not xs or not any(any(v) for v in parts.values()):
         return None
-    f = _fig("Where the time goes: A vs B (means at the rated or only step)", barmode="stack",
+    f = figure("Where the time goes: A vs B (means at the rated or only step)", barmode="stack",
              yaxis_title="ms", xaxis_type="category")
     for key, name, color in PARTS:
         f.add_trace(go.Bar(x=xs, y=parts[key], name=name, marker_color=color))

@@ -88,6 +88,20 @@ MACROS = r"""
 {%- else -%}{{ num(obj) }}{%- endif -%}
 {%- endmacro %}
 
+{% macro tier_table(rows) -%}
+{% if rows %}<div class="scroll"><table>
+<tr><th class="l">tier</th><th>requests</th><th>completed</th><th>failed</th>
+<th>TTFT p50</th><th>TTFT p90</th><th>TTFT p99</th><th>TPOT p50</th><th>TPOT p99</th><th>ITL p50</th><th>ITL p99</th>
+<th>E2EL p50</th><th>E2EL p99</th><th>SLO attainment</th></tr>
+{% for r in rows %}<tr><td class="l">{{ r.tier }}</td><td>{{ r.requests }}</td><td>{{ r.completed }}</td>
+<td>{{ r.failed }}</td><td>{{ num(r.p50_ttft_ms) }}</td><td>{{ num(r.p90_ttft_ms) }}</td><td>{{ num(r.p99_ttft_ms) }}</td>
+<td>{{ num(r.p50_tpot_ms) }}</td><td>{{ num(r.p99_tpot_ms) }}</td><td>{{ num(r.p50_itl_ms) }}</td>
+<td>{{ num(r.p99_itl_ms) }}</td><td>{{ num(r.p50_e2el_ms) }}</td><td>{{ num(r.p99_e2el_ms) }}</td>
+<td>{% if r.slo_attainment is not none %}{{ num(100 * r.slo_attainment, 4) }}%{% else %}–{% endif %}</td></tr>
+{% endfor %}</table></div>
+{%- else %}<p class="note">no requests.</p>{% endif %}
+{%- endmacro %}
+
 {% macro plot(p) -%}
 {%- if p.id -%}<div class="plot" id="{{ p.id }}" role="img" aria-label="{{ p.title }}"></div>
 {%- else -%}<p class="note">{{ p.title }}: {{ p.skip }}</p>{%- endif -%}
@@ -96,7 +110,7 @@ MACROS = r"""
 
 REPORT = r"""
 {% extends "base" %}
-{% from "macros" import num, kv, plot %}
+{% from "macros" import num, kv, plot, tier_table %}
 {% block title %}slobench · {{ run.run_id }}{% endblock %}
 {% block header %}
 <h1>slobench {{ run.kind }} report · {{ run.run_id }}</h1>
@@ -112,7 +126,34 @@ REPORT = r"""
 {% if rebuilt %}<p class="note">summary.json was missing or unreadable: figures rebuilt from requests.jsonl.</p>{% endif %}
 </section>
 
+{% if run.is_capacity %}
+<section><h2>Throughput against offered load</h2>{{ plot(plots_by.throughput) }}
+<p class="note">Each step's judged window: requests completed per second (and those that met every SLO of their tier)
+and output tokens per second, against the load the window offered. Circle: the step passed; x: it failed; hollow: it
+stopped early at its breach (its requests in flight were cut, so its throughput is no steady state).</p></section>
+<section><h2>Latency against offered load</h2>{{ plot(plots_by.latency_load) }}
+<p class="note">p50 (dotted) and p99 (solid) per tier of each step's judged window, successful requests only{% if not
+cap.ttfot %} (no TTFOT panel: every first token was an answer token, so TTFOT = TTFT){% endif %}; a failed request
+counts against the SLO in the rating's evidence below.</p></section>
+<section><h2>The rating's evidence</h2>{{ plot(plots_by.evidence) }}
+{% if cap.evidence %}<table><tr><th class="l">SLO</th><th>threshold ms</th><th>may be over</th><th>windows</th>
+<th>crossing</th><th class="l">fit</th></tr>
+{% for e in cap.evidence %}<tr><td class="l">{{ e.name }}</td><td>{{ num(e.threshold_ms) }}</td>
+<td>{{ num(100 * e.level) }}%</td><td>{{ e.windows|length }}</td><td>{{ num(e.crossing) }}{% if e.open %} (open {{ e.open
+}}){% endif %}</td><td class="l">{{ e.fit }}{% if e.fit_windows %} ({{ e.fit_windows }} windows){% endif %}</td></tr>
+{% endfor %}</table>{% endif %}
+{% if cap.interval %}<p>Estimate {{ num(cap.interval.estimate) }}{% if cap.interval.ci_low is not none %}, {{
+num(100 * cap.interval.confidence) }}% interval {{ num(cap.interval.ci_low) }}–{{ num(cap.interval.ci_high) }} ({{
+cap.interval.method or "?" }}){% endif %}; {{ cap.interval.boundary or "-" }} boundary.</p>{% endif %}
+<p class="note">Each point is one counted window: the share of its requests over the SLO's threshold (failed requests
+included) against the rate its arrivals offered over its planned window, where the rating places it. The SLO holds
+where the share is at most 1 − its quantile (dashed line). The rating fits the shares non-decreasing in load
+(isotonic, dotted) and then a logistic curve over the windows near its crossing (solid); the diamond is where the fit
+crosses the line, the grey band the interval of the capacity. The rated capacity (black) is the offered rate of the
+passing windows the search rests on.</p></section>
+{% else %}
 <section><h2>TTFT against load</h2>{{ plot(plots_by.load) }}</section>
+{% endif %}
 <section><h2>Latency breakdown per load step</h2>{{ plot(plots_by.breakdown) }}
 <p class="note">TTFT = queue + prefill + network/frontend (TTFT measured by the client minus the server's queue and
 prefill); decode = the rest of the request on the server.{% if breakdown_source %} Source: {{ breakdown_source }}
@@ -128,22 +169,38 @@ prefill); decode = the rest of the request on the server.{% if breakdown_source 
 the hardware profile), probe (the step time fitted by a probe of the target) and calibrated (that fit scaled by
 load points of the scenario's own requests) predictions of the simulation of the scenario, against this run's
 offered-rate rating.</p>{% endif %}</section>{% endif %}
+{% if run.is_capacity %}
+<section><h2>Latency distributions at the rated and first failing loads</h2>
+{% if cap.refs %}<p>{% for g in cap.refs %}{{ g.label }}: {{ num(g.offered) }} {{ "users" if axis == "concurrency" else
+"req/s offered" }} (requested {{ num(g.requested) }}), step{{ "s" if g.steps|length > 1 }} {{ g.steps|join(", ") }},
+{{ g.records }} requests in their judged windows{% if g.cut %} ({{ g.cut }} of them cut when the step stopped: no
+latency){% endif %}{% if not loop.last %}; {% endif %}{% endfor %}.</p>{% endif %}
+<div class="grid2"><div>{{ plot(plots_by.dist_ttft) }}</div><div>{{ plot(plots_by.dist_itl) }}</div>
+<div>{{ plot(plots_by.dist_tpot) }}</div><div>{{ plot(plots_by.dist_e2el) }}</div></div>
+<p class="note">Solid: the rated load; dashed: the first failing load. Successful requests of those steps' judged
+windows only, not pooled over the run's loads.</p></section>
+{% else %}
 <section><h2>Latency distributions</h2><div class="grid2"><div>{{ plot(plots_by.ttft_cdf) }}</div>
 <div>{{ plot(plots_by.itl_cdf) }}</div></div></section>
+{% endif %}
 <section><h2>Service health over the run</h2>{{ plot(plots_by.health) }}
 {% if health_missing %}<p class="note">no data for: {{ health_missing|join(", ") }}{% if not has_metrics %}
 (no metrics.jsonl in the run folder){% endif %}.</p>{% endif %}</section>
 
 <section><h2>Load steps</h2>
 {% if steps %}<div class="scroll"><table>
-<tr><th>#</th><th class="l">phase</th><th>{{ axis }}</th><th>result</th><th>requests</th><th>duration s</th>
-{% for t in step_tiers %}<th>{{ t }} p50 ms</th><th>{{ t }} p99 ms</th><th>{{ t }} CI ms</th><th>{{ t }}</th>{% endfor %}
+<tr><th>#</th><th class="l">phase</th>{% if run.is_capacity and axis != "concurrency" %}<th>offered req/s</th>
+<th>requested req/s</th>{% else %}<th>{{ axis }}</th>{% endif %}<th>result</th><th>requests</th><th>duration s</th>
+{% if run.is_capacity %}<th>completed req/s</th><th>output tok/s</th>{% endif %}
+{% for t in step_tiers %}<th>{{ t }} TTFT p50 ms</th><th>{{ t }} TTFT p99 ms</th><th>{{ t }} CI ms</th><th>{{ t }}</th>{% endfor %}
 <th>queue ms</th><th>prefill ms</th><th>network ms</th><th>decode ms</th><th>KV usage</th><th>batch fill</th>
 <th>rejections</th></tr>
 {% for st in steps %}<tr><td>{{ st.index }}</td><td class="l">{{ st.phase }}{% if st.stopped_early %} (stopped early)
-{% endif %}</td><td>{{ num(st.load) }}</td><td>{% if st.passed is sameas true %}<span class="pass">pass</span>
-{% elif st.passed is sameas false %}<span class="fail">fail</span>{% else %}–{% endif %}</td>
+{% endif %}</td>{% if run.is_capacity and axis != "concurrency" %}<td>{{ num(st.offered) }}</td>
+<td>{{ num(st.load) }}</td>{% else %}<td>{{ num(st.load) }}</td>{% endif %}<td>{% if st.passed is sameas true %}<span
+class="pass">pass</span>{% elif st.passed is sameas false %}<span class="fail">fail</span>{% else %}–{% endif %}</td>
 <td>{{ num(st.requests) }}</td><td>{{ num(st.duration_s, 3) }}</td>
+{% if run.is_capacity %}<td>{{ num(st.throughput_rps) }}</td><td>{{ num(st.output_tok_s) }}</td>{% endif %}
 {% for t in step_tiers %}{% set e = (st.tiers or {}).get(t) or {} %}<td>{{ num(e.p50_ttft_ms) }}</td>
 <td>{{ num(e.p99_ttft_ms) }}</td><td>{% if e.ci_low_ms is not none and e.ci_high_ms is not none %}{{ num(e.ci_low_ms, 3) }}–{{
  num(e.ci_high_ms, 3) }}{% else %}–{% endif %}</td><td>{% if e.passed is sameas true %}<span class="pass">pass</span>
@@ -155,19 +212,18 @@ offered-rate rating.</p>{% endif %}</section>{% endif %}
 {% else %}<p class="note">no load steps: the run recorded no requests.</p>{% endif %}
 </section>
 
+{% if run.is_capacity %}
+<section><h2>Per-tier percentiles at the rated and first failing loads (successful requests)</h2>
+{% for g in cap.refs %}<h3>{{ g.label }}: {{ num(g.offered) }} {{ "users" if axis == "concurrency" else "req/s offered"
+}} (step{{ "s" if g.steps|length > 1 }} {{ g.steps|join(", ") }})</h3>{{ tier_table(g.rows) }}
+{% else %}<p class="note">no rated step and no failing step.</p>{% endfor %}
+<p class="note">all times in ms; each step's judged window.</p></section>
+{% else %}
 <section><h2>Per-tier percentiles (whole run, successful requests)</h2>
-{% if tiers %}<div class="scroll"><table>
-<tr><th class="l">tier</th><th>requests</th><th>completed</th><th>failed</th>
-<th>TTFT p50</th><th>TTFT p90</th><th>TTFT p99</th><th>TPOT p50</th><th>TPOT p99</th><th>ITL p50</th><th>ITL p99</th>
-<th>E2EL p50</th><th>E2EL p99</th><th>SLO attainment</th></tr>
-{% for r in tiers %}<tr><td class="l">{{ r.tier }}</td><td>{{ r.requests }}</td><td>{{ r.completed }}</td>
-<td>{{ r.failed }}</td><td>{{ num(r.p50_ttft_ms) }}</td><td>{{ num(r.p90_ttft_ms) }}</td><td>{{ num(r.p99_ttft_ms) }}</td>
-<td>{{ num(r.p50_tpot_ms) }}</td><td>{{ num(r.p99_tpot_ms) }}</td><td>{{ num(r.p50_itl_ms) }}</td>
-<td>{{ num(r.p99_itl_ms) }}</td><td>{{ num(r.p50_e2el_ms) }}</td><td>{{ num(r.p99_e2el_ms) }}</td>
-<td>{% if r.slo_attainment is not none %}{{ num(100 * r.slo_attainment, 4) }}%{% else %}–{% endif %}</td></tr>
-{% endfor %}</table></div><p class="note">all times in ms.</p>
+{% if tiers %}{{ tier_table(tiers) }}<p class="note">all times in ms.</p>
 {% else %}<p class="note">no requests recorded.</p>{% endif %}
 </section>
+{% endif %}
 
 <section><h2>Errors by status</h2>
 {% if errors %}<table><tr><th class="l">status</th><th>HTTP</th><th>count</th><th class="l">example</th></tr>
