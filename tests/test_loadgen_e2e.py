@@ -123,11 +123,12 @@ def test_ctrl_c_or_sigterm_ends_the_run_with_records_and_summary(mock_server, tm
 @pytest.mark.parametrize(
     "args,msg",
     [
-        (["run", "no/such.yaml"], "scenario file not found"),
+        (["run", "no/such.yaml"], "no such file, and no built-in scenario of that name"),
         (["replay", "no/such.jsonl"], "trace file not found"),
         (["replay", "x", "--time-scale", "0"], "--time-scale must be > 0"),
         (["replay", "x", "--goodput", "ttft"], "goodput"),
-        (["run"], "the following arguments are required"),
+        (["capacity", "--target", "http://127.0.0.1:9"], "no SLO to rate against"),
+        (["run", "--slo", "ttft"], "--slo 'ttft': expected METRIC:MS"),
         (["bogus"], "invalid choice"),
     ],
 )
@@ -148,7 +149,9 @@ def test_unreachable_target_is_a_clear_error(tmp_path):
     scn = tmp_path / "s.yaml"
     scn.write_text("workload: {input_len: 4, output_len: 4}\nload: {requests: 3}\n")
     r = slobench("run", scn, "--target", f"http://127.0.0.1:{free_port()}", "--reports", tmp_path)
-    assert r.returncode == 1 and "cannot reach" in r.stderr and "Traceback" not in r.stderr
+    # nothing listening is bad input (exit 2, nothing sent), said in one line
+    assert r.returncode == 2 and "nothing is listening at" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_mock_server_health_and_models(mock_server):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from loadgen.commands.common import UsageError
-from loadgen.scenario.flags import ScenarioFlags, parse_slo
+from loadgen.scenario.flags import ScenarioFlags, SloFlag, parse_slo
 
 SCENARIO_HELP = ("a scenario: a built-in's name (slobench scenarios lists them) or a YAML file; default: the "
                  "your-server template, with the flags below")
@@ -96,6 +96,16 @@ def add_workload_args(p: argparse.ArgumentParser, load: bool) -> None:
         g.add_argument("--requests", type=int, metavar="N", help="send N requests")
 
 
+def slo_flags(args: argparse.Namespace) -> list[SloFlag]:
+    """The ``--slo`` flags; a UsageError for a malformed one."""
+    from loadgen.scenario.model import ScenarioError
+
+    try:
+        return [parse_slo(t) for t in getattr(args, "slo", None) or []]
+    except ScenarioError as e:
+        raise UsageError(str(e)) from None
+
+
 def scenario_flags(args: argparse.Namespace) -> ScenarioFlags:
     """The scenario overrides the command line gives; a UsageError for a malformed one."""
     from loadgen.scenario.model import ScenarioError
@@ -108,7 +118,7 @@ def scenario_flags(args: argparse.Namespace) -> ScenarioFlags:
         if g(name) is not None and g(name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {g(name)}")
     try:
-        return ScenarioFlags(slos=[parse_slo(t) for t in g("slo") or []], input_len=g("input_len"),
+        return ScenarioFlags(slos=slo_flags(args), input_len=g("input_len"),
                              output_len=g("output_len"), dataset=g("dataset"), prefix_len=g("prefix_len"),
                              prefix_share=g("prefix_share"), rate=g("rate"), concurrency=g("concurrency"),
                              duration_s=g("duration"), requests=g("requests"))

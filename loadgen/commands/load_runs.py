@@ -20,7 +20,7 @@ from loadgen.commands.common import (
     run_dir_from,
     target_options,
 )
-from loadgen.commands.flags import scenario_flags, scenario_from_args, target_url
+from loadgen.commands.flags import scenario_from_args, slo_flags, target_url
 from loadgen.commands.summary_table import print_summary
 from loadgen.results.latency import LATENESS_BOUND_MS
 
@@ -71,7 +71,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from loadgen.workload.traces import TraceError, TraceOptions, load_trace
 
     goodput = goodput_slos(args.goodput)
-    slos = scenario_flags(args).slos
+    slos = slo_flags(args)
     if slos and not goodput:  # --slo: the summary's goodput counts the requests that met it
         goodput = {s.metric: s.threshold_ms for s in slos}
     for name in ("time_scale", "rate", "max_duration"):
