@@ -46,6 +46,8 @@ from loadgen.results.latency import LATENESS_BOUND_MS
 from loadgen.results.runmeta import slobench_version
 from loadgen.target.embedded import EngineNotInstalled
 
+RAW = argparse.RawDescriptionHelpFormatter  # epilogs keep their lines: the examples
+
 __all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
@@ -112,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     p = sub.add_parser("run", help="one fixed load: a scenario, or flags alone", epilog=RUN_EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=RAW)
     p.add_argument("scenario", nargs="?", help=SCENARIO_HELP)
     p.add_argument("--seed", type=int, help="the workload's seed (arrivals, lengths, prompts)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
@@ -120,15 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common_run_args(p)
 
     p = sub.add_parser("replay", help="replay a trace file", epilog=REPLAY_EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("trace", type=Path)
+                       formatter_class=RAW)
+    p.add_argument("trace", type=Path, help="the trace file: Mooncake or prompts JSONL, Azure or BurstGPT CSV, "
+                                            "ShareGPT JSON")
     p.add_argument("--format", choices=("mooncake", "azure", "burstgpt", "sharegpt", "prompts"),
                    help="the trace's format (default: from its name and first line)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply inter-arrival gaps (0.5: twice as fast)")
     p.add_argument("--rate", type=float, help="override the mean rate (req/s), keeping the burst shape")
     p.add_argument("--start-offset", type=float, default=0.0, help="skip the first S trace seconds")
-    p.add_argument("--max-requests", type=int)
+    p.add_argument("--max-requests", type=int, help="send at most the trace's first N requests")
     p.add_argument("--max-duration", type=float, help="stop scheduling after S replay seconds")
     p.add_argument("--block-size", type=int, default=512, help="tokens per Mooncake hash id (default 512)")
     p.add_argument("--include-failed", action="store_true", help="keep BurstGPT rows with 0 response tokens")
@@ -137,17 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output-len", type=int, help="clamp the trace's output lengths")
     p.add_argument("--arrival", choices=("poisson", "gamma", "constant"), default="poisson",
                    help="arrival process for traces without timestamps (ShareGPT; rate from --rate)")
-    p.add_argument("--burstiness", type=float, default=1.0)
+    p.add_argument("--burstiness", type=float, default=1.0,
+                   help="with --arrival gamma: the shape (below 1: burstier than Poisson; default 1)")
     p.add_argument("--tier-mix", type=_tier_mix, help="e.g. premium=1,standard=3,basic=1")
     p.add_argument("--token-range", type=int, nargs=2, default=(10, 250), metavar=("LO", "HI"),
                    help="synthetic token ids are drawn from [LO, HI)")
     p.add_argument("--concurrency", type=int, default=0,
                    help="closed loop with N users instead of timestamps")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrivals, tiers and synthetic prompts (default 0)")
     _common_run_args(p)
 
     p = sub.add_parser("capacity", help="rated capacity: ramp the load until an SLO breaks, then bisect",
-                       epilog=CAPACITY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=CAPACITY_EXAMPLES, formatter_class=RAW)
     p.add_argument("scenario", nargs="?", help=SCENARIO_HELP)
     add_target_args(p)
     add_slo_args(p)
@@ -169,20 +173,31 @@ def build_parser() -> argparse.ArgumentParser:
                    "or sharded replayer processes (aiohttp; no early stop within a step)")
 
     p = sub.add_parser("summarize", help="rebuild a fixed-load run's summary.json from its records (its kind and "
-                       "metadata kept); a capacity run's is refused (exit 2) and left as it is")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--goodput", nargs="+", metavar="NAME:MS")
-    p.add_argument("--lateness-bound-ms", type=float, default=LATENESS_BOUND_MS)
-    p.add_argument("--json", action="store_true")
+                       "metadata kept); a capacity run's is refused (exit 2) and left as it is",
+                       epilog="examples:\n  slobench summarize reports/my-run --goodput ttft:500 tpot:50\n"
+                              "  slobench summarize reports/my-run --json | jq .p99_ttft_ms",
+                       formatter_class=RAW)
+    p.add_argument("run_dir", type=Path, help="the run folder (requests.jsonl, summary.json)")
+    p.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs for goodput, e.g. ttft:300 tpot:50")
+    p.add_argument("--lateness-bound-ms", type=float, default=LATENESS_BOUND_MS,
+                   help=f"p99 client lateness above which the run is invalid (default {LATENESS_BOUND_MS:g})")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
 
-    p = sub.add_parser("report", help="write report.html for a run folder, or compare two runs")
-    p.add_argument("run_dir", type=Path)
+    p = sub.add_parser("report", help="write report.html for a run folder, or compare two runs",
+                       epilog="examples:\n  slobench report reports/my-run\n"
+                              "  slobench report reports/before reports/after -o compare.html",
+                       formatter_class=RAW)
+    p.add_argument("run_dir", type=Path, help="the run folder (A when comparing)")
     p.add_argument("run_b", type=Path, nargs="?", help="a second run: compare RUN_DIR (A) with it (B)")
     p.add_argument("-o", "--output", type=Path,
                    help="output file (default: RUN_DIR/report.html; RUN_B/compare-A.html when comparing)")
     p.add_argument("--no-export", action="store_true", help="do not write requests.parquet / requests.csv")
 
-    p = sub.add_parser("gate", help="compare a run with a baseline: exit 0 pass, 1 regression, 2 bad input")
+    p = sub.add_parser("gate", help="compare a run with a baseline: exit 0 pass, 1 regression, 2 bad input",
+                       epilog="examples:\n  slobench gate reports/pr-run --baseline reports/main-run --junit gate.xml\n"
+                              "  slobench gate reports/pr-1 reports/pr-2 --baseline reports/main-1 reports/main-2 "
+                              "--rules examples/gate.yaml",
+                       formatter_class=RAW)
     p.add_argument("run_dir", nargs="+", help="run folder (or its summary.json); several: repeats of one "
                    "measurement, pooled (a capacity rating: their mean, with the interval of a mean)")
     p.add_argument("--baseline", required=True, nargs="+", help="baseline summary .json or run folder; several: "
@@ -190,9 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", help="rules YAML (default: noise-aware defaults, see loadgen/gate/)")
     p.add_argument("--junit", help="write JUnit XML here, one testcase per rule")
 
-    p = sub.add_parser("mock-server", help="a mock OpenAI-compatible target with exact timing")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p = sub.add_parser("mock-server", help="a mock OpenAI-compatible target with exact timing",
+                       epilog="examples:\n  slobench mock-server --port 8000 --ttft-ms 50 --itl-ms 20\n"
+                              "  slobench mock-server --slots 16 --prefill-ms-per-token 0.1   # a queue of known "
+                              "capacity\n  slobench mock-server --strict --api-key sekret",
+                       formatter_class=RAW)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--ttft-ms", type=float, default=50.0,
                    help="time to the first token (with --slots: after the request has its slot; plus "
                         "--prefill-ms-per-token x its prompt tokens), default 50")
@@ -243,9 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     _mock_queue_args(p)
 
     p = sub.add_parser("calibrate", help="check the capacity search: rate a queueing mock whose true capacity is "
-                                         "known by simulation, print rated vs true")
-    p.add_argument("scenario", type=Path, help="a synthetic, single-turn, open-loop scenario, e.g. "
-                                                "loadgen/scenarios/calibrate.yaml")
+                                         "known by simulation, print rated vs true",
+                       epilog="examples:\n  slobench calibrate calibrate --slots 16\n"
+                              "  slobench calibrate calibrate-steady --set search.refine_steps=4",
+                       formatter_class=RAW)
+    p.add_argument("scenario", help="a synthetic, single-turn, open-loop scenario: a built-in's name (calibrate, "
+                                    "calibrate-steady) or a file")
     p.add_argument("--ttft-ms", type=float, default=20.0, help="the mock's fixed prefill time (default 20)")
     p.add_argument("--itl-ms", type=float, default=20.0, help="the mock's time between tokens (default 20)")
     p.add_argument("--tokens", type=int, help="tokens per answer (default: the request's max_tokens)")
@@ -267,11 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="run the reference engine's OpenAI-compatible server (see serve --help)",
                    add_help=False)
 
-    p = sub.add_parser("generate", help="generate from one prompt with the reference engine (demo)")
-    p.add_argument("prompt")
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p = sub.add_parser("generate", help="generate from one prompt with the reference engine (demo)",
+                       epilog="example:\n  slobench generate 'The quick brown fox' --max-tokens 32",
+                       formatter_class=RAW)
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--model", default="tiny", help="a preset (tiny) or a Hugging Face checkpoint folder")
+    p.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
 
     from loadgen.commands import experiments, export_monitoring, scenarios, watch
     from loadgen.commands.plan import register as register_plan

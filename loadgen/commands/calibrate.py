@@ -132,6 +132,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from loadgen.capacity.run import run_capacity
     from loadgen.capacity.truth import QueueTruth, TruthError, check_scenario
     from loadgen.results.rundir import json_default, write_summary
+    from loadgen.scenario.builtin import resolve_scenario
     from loadgen.scenario.model import ScenarioError
     from loadgen.scenario.parse import load_scenario
     from loadgen.target.discovery import TargetError
@@ -142,6 +143,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.truth_requests < 1000 or args.truth_seeds < 1 or args.ideal_seeds < 0:
         raise UsageError("need --truth-requests >= 1000, --truth-seeds >= 1 and --ideal-seeds >= 0")
     try:
+        args.scenario = resolve_scenario(args.scenario)  # a built-in's name or a file
         scn = load_scenario(args.scenario, overrides=list(args.set or []))
         if args.seed is not None:
             scn.seed = args.seed
