@@ -90,4 +90,26 @@ def run_metadata(kind: str, run_id: str, *, scenario: dict[str, Any] | None, tar
     return {"schema_version": SCHEMA_VERSION, "kind": kind, "run_id": run_id, "scenario": scenario,
             "target": target, "driver": driver,
             "started_at": started_at, "versions": versions(), "git_commit": git_commit(), "machine": machine(),
-            "argv": list(sys.argv)}
+            "argv": redacted_argv(sys.argv)}
+
+
+SECRET_FLAGS = ("--api-key", "--header")  # their values may be credentials: never written to a run folder
+
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    """The command line with the values of ``SECRET_FLAGS`` replaced by ``***`` (a header keeps its name)."""
+    out: list[str] = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if out and out[-1] in SECRET_FLAGS and not eq:
+            out.append(_hidden(out[-1], arg))
+        elif eq and flag in SECRET_FLAGS:
+            out.append(f"{flag}={_hidden(flag, value)}")
+        else:
+            out.append(arg)
+    return out
+
+
+def _hidden(flag: str, value: str) -> str:
+    name, sep, _ = value.partition(":")
+    return f"{name}: ***" if flag == "--header" and sep else "***"

@@ -18,7 +18,7 @@ from loadgen.results.conversation_stats import cancellations_section, conversati
 from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
 
 METRICS = ("ttft", "ttfot", "tpot", "itl", "chunk_gap", "e2el")
-SLO_KEYS = {"ttft": "ttft_ms", "ttfot": "ttfot_ms", "tpot": "tpot_ms", "e2el": "e2el_ms"}
+SLO_KEYS = {"ttft": "ttft_ms", "ttfot": "ttfot_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2el_ms"}
 
 
 def parse_goodput(items: Iterable[str]) -> dict[str, float]:
