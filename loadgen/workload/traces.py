@@ -82,7 +82,11 @@ def detect_format(path: Path) -> str:
     if name.endswith(".jsonl"):
         with path.open(encoding="utf-8") as f:
             first = next((line for line in f if line.strip()), "")
-        return "mooncake" if '"hash_ids"' in first else "prompts"
+        try:
+            keys = set(json.loads(first)) if first else set()
+        except (ValueError, TypeError):
+            keys = set()
+        return "prompts" if keys & {"prompt", "messages", "text"} else "mooncake"
     if name.endswith(".json"):
         return "sharegpt"
     if name.endswith(".csv"):
