@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import time
@@ -159,8 +160,14 @@ async def _open(br: Browser, page: Path, timeout: float = 60.0, screenshot: Path
                     await asyncio.sleep(0.1)
                 await asyncio.sleep(0.3)  # late errors (a resize handler, a second frame)
                 if screenshot is not None:
+                    # the viewport made as tall as the page first: resizing while capturing re-lays the plots
+                    # out (plotly's responsive handler) and a plot can overflow its section in the picture
                     size = (await call("Page.getLayoutMetrics"))["result"]["cssContentSize"]
-                    shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                    await call("Emulation.setDeviceMetricsOverride", width=1400, height=int(size["height"]),
+                               deviceScaleFactor=1, mobile=False)
+                    await asyncio.sleep(1.5)
+                    size = (await call("Page.getLayoutMetrics"))["result"]["cssContentSize"]
+                    shot = await call("Page.captureScreenshot", format="png",
                                       clip={"x": 0, "y": 0, "width": size["width"], "height": size["height"],
                                             "scale": 1})
                     screenshot.write_bytes(base64.b64decode(shot["result"]["data"]))
@@ -185,10 +192,18 @@ def _check(res: dict, plots: int) -> None:
 
 
 def test_capacity_report_renders_in_chromium(browser, tmp_path):
+    """Every figure drawn; a full-page screenshot taken (kept in $SLOBENCH_REPORT_SHOTS when set, to look at)."""
     run = make_capacity_run(tmp_path / "cap")  # error strings carry </script><img onerror>
-    res = open_page(browser, write_report(run))
-    _check(res, plots=5)  # load vs TTFT, breakdown, 2 CDFs, health
+    shots = Path(os.environ.get("SLOBENCH_REPORT_SHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    res = open_page(browser, write_report(run), screenshot=shots / "capacity-report.png")
+    # throughput and latencies against offered load, the rating's evidence, 4 distributions, breakdown, health
+    _check(res, plots=9)
     assert "cap" in res["title"]
+    png = (shots / "capacity-report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width >= 1300 and height > 5000  # the whole page, not the 1000-pixel viewport
 
 
 def test_edge_reports_render_in_chromium(browser, tmp_path):

@@ -81,17 +81,17 @@ def throughput(run: d.RunData, figs: list[StepFigures]) -> go.Figure | None:
     if d.load_axis(run)[0] != "concurrency":
         f.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="served = offered",
                                line=dict(color="#aaa", dash="dot", width=1), hoverinfo="skip"), secondary_y=False)
-    series = (("throughput_rps", "completed req/s", PALETTE[0], False),
-              ("goodput_rps", "goodput req/s (met every SLO)", PALETTE[2], False),
-              ("output_tok_s", "output tok/s", PALETTE[4], True))
-    for key, name, color, right in series:
+    series = (("throughput_rps", "completed req/s", PALETTE[0], False, 12),  # goodput drawn smaller, inside it
+              ("goodput_rps", "goodput req/s (met every SLO)", PALETTE[2], False, 7),
+              ("output_tok_s", "output tok/s", PALETTE[4], True, 9))
+    for key, name, color, right, size in series:
         rows = [s for s in pts if getattr(s, key) is not None]
         if not rows:
             continue
         f.add_trace(go.Scatter(
             x=[s.offered for s in rows], y=[getattr(s, key) for s in rows], mode="markers", name=name,
             text=[_hover(s) for s in rows],
-            marker=dict(color=color, size=9, symbol=[SYMBOL[s.passed] + ("-open" if s.stopped_early and
+            marker=dict(color=color, size=size, symbol=[SYMBOL[s.passed] + ("-open" if s.stopped_early and
                                                                          s.passed is not None else "")
                                                      for s in rows]),
             hovertemplate="%{x:.4g}: %{y:.4g}<br>%{text}<extra>" + name + "</extra>"), secondary_y=right)
@@ -136,8 +136,9 @@ def latency_vs_load(run: d.RunData, figs: list[StepFigures], ttfot: bool) -> go.
     rated, _ = d.rated_load(run)
     if _num(rated) is not None:
         f.add_vline(x=rated, line=dict(color="#000", width=1.5), row="all", col=1)
-        f.add_annotation(x=rated, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
-                         text=f"rated {rated:.4g}", font=dict(size=11))
+        f.add_annotation(x=rated, y=1.0, xref="x", yref="y domain", yanchor="top", xanchor="left", xshift=3,
+                         showarrow=False, text=f"rated {rated:.4g}", font=dict(size=11),
+                         bgcolor="rgba(255,255,255,0.7)")
     f.update_xaxes(title_text=x_label(run), row=len(metrics), col=1)
     f.update_yaxes(rangemode="tozero")
     f.update_layout(meta={"title": TITLES["latency"]},
@@ -166,6 +167,7 @@ def evidence(run: d.RunData, evs: list[SLOEvidence], iv: dict[str, Any] | None) 
         ys = [100.0 * w.share for w in e.windows]
         f.add_trace(go.Scatter(
             x=[w.load for w in e.windows], y=[min(y, top) for y in ys], mode="markers", name=f"{e.name} windows",
+            legendgroup=e.name,
             text=[f"step {w.index} ({w.phase}): {w.over:g} of {w.n:g} over {e.threshold_ms:g} ms ({y:.3g}%)"
                   for w, y in zip(e.windows, ys, strict=True)],
             marker=dict(color=color, opacity=0.8, size=[7 + 11 * math.sqrt(w.n / nmax) for w in e.windows],
@@ -174,19 +176,25 @@ def evidence(run: d.RunData, evs: list[SLOEvidence], iv: dict[str, Any] | None) 
             hovertemplate="%{x:.4g} req/s<br>%{text}<extra></extra>"))
         f.add_trace(go.Scatter(x=e.iso_x, y=[min(100.0 * y, top) for y in e.iso_y], mode="lines",
                                name=f"{e.name} isotonic fit", line=dict(color=color, dash="dot", width=1),
-                               hoverinfo="skip"))
+                               legendgroup=e.name, showlegend=False, hoverinfo="skip"))
         if e.curve_x:
             f.add_trace(go.Scatter(x=e.curve_x, y=[min(100.0 * y, top) for y in e.curve_y], mode="lines",
-                                   name=f"{e.name} logistic fit ({e.fit_windows} windows)",
+                                   name=f"{e.name} logistic fit ({e.fit_windows} windows)", legendgroup=e.name,
                                    line=dict(color=color, width=2.5), hoverinfo="skip"))
-        f.add_hline(y=100.0 * e.level, line=dict(color=color, dash="dash", width=1),
-                    annotation_text=f"{e.name} SLO: {100 * e.level:g}% may be over {e.threshold_ms:g} ms",
-                    annotation_position="top left")
-        opened = {"above": " (no crossing: above every load tried)", "below": " (no crossing: below every load)"}
-        f.add_trace(go.Scatter(x=[e.crossing], y=[100.0 * e.level], mode="markers",
-                               name=f"{e.name} crossing {e.crossing:.4g}{opened.get(e.open or '', '')}",
-                               marker=dict(color=color, size=13, symbol="diamond", line=dict(color="#000", width=1)),
+        # an open end is no crossing: an arrow at the last (first) load tried, pointing where it may be
+        label = {"above": f"holds up to {e.crossing:.4g} (no crossing)",
+                 "below": f"broken from {e.crossing:.4g} (no crossing)"}.get(e.open or "", f"crossing {e.crossing:.4g}")
+        symbol = {"above": "triangle-right", "below": "triangle-left"}.get(e.open or "", "diamond")
+        f.add_trace(go.Scatter(x=[e.crossing], y=[100.0 * e.level], mode="markers", name=f"{e.name} {label}",
+                               legendgroup=e.name,
+                               marker=dict(color=color, size=13, symbol=symbol, line=dict(color="#000", width=1)),
                                hovertemplate="crossing %{x:.4g}<extra>" + e.fit + " fit</extra>"))
+    levels: dict[float, list[str]] = {}  # one line per level: SLOs of one quantile share it
+    for e in evs:
+        levels.setdefault(round(100.0 * e.level, 9), []).append(f"{e.name} {e.threshold_ms:g} ms")
+    for level, names in levels.items():
+        f.add_hline(y=level, line=dict(color="#444", dash="dash", width=1), annotation_position="top left",
+                    annotation_text=f"{level:g}% may be over the threshold: {', '.join(names)}")
     # on a log axis plotly places shapes in data units but annotations in log10 units: each is added apart
     if iv and (iv.get("ci_low") or 0) > 0 and (iv.get("ci_high") or 0) > 0:
         conf = f"{100 * iv['confidence']:g}% " if iv.get("confidence") else ""
@@ -214,8 +222,11 @@ def distribution(run: d.RunData, refs: list[ReferenceSteps], what: str) -> go.Fi
     tiers = tier_sort({str(r.get("tier") or "none") for ref in refs for r in ref.records})
     colors = tier_colors(tiers)
     unit = "fraction of token gaps" if what == "itl" else "fraction of successful requests"
+    # the legend inside, bottom right, where a CDF has nothing to draw (above, its rows would cover the top)
     f = figure(f"{DIST_TITLES[what]} at the rated and first failing loads", xaxis_title=f"{DIST_TITLES[what]} (ms)",
-               yaxis_title=unit, yaxis_range=[0, 1.01])
+               yaxis_title=unit, yaxis_range=[0, 1.01], margin=dict(l=60, r=20, t=20, b=50),
+               legend=dict(x=0.99, xanchor="right", y=0.02, yanchor="bottom", bgcolor="rgba(255,255,255,0.85)",
+                           bordercolor="#ddd", borderwidth=1, font=dict(size=11)))
     drawn, counts = 0, {}
     for ref, dash in zip(refs, ("solid", "dash"), strict=False):
         counts[ref.label] = len(ref.records)
@@ -232,10 +243,12 @@ def distribution(run: d.RunData, refs: list[ReferenceSteps], what: str) -> go.Fi
                                    hovertemplate="%{x:.2f} ms: %{y:.3f}<extra>" + name + "</extra>"))
     if not drawn:
         return None
-    for tier, slo in slo_list(run):
+    for tier, slo in slo_list(run):  # in the legend, not as labels: those would sit on the curves' tops
         if what != "itl" and str(slo.get("metric", "")).removesuffix("_ms") == what:
-            f.add_vline(x=float(slo["threshold_ms"]), line=dict(color=colors.get(tier, "#555"), dash="dash", width=1),
-                        annotation_text=f"{tier} SLO", annotation_position="bottom right")
+            thr = float(slo["threshold_ms"])
+            f.add_trace(go.Scatter(x=[thr, thr], y=[0, 1.01], mode="lines", hoverinfo="skip",
+                                   name=f"{tier} SLO p{100 * float(slo.get('quantile') or 0.99):g} ≤ {thr:g} ms",
+                                   line=dict(color=colors.get(tier, "#555"), dash="dashdot", width=1)))
     f.update_layout(meta={"title": f.layout.meta["title"], "records": counts,
                           "steps": {ref.label: ref.steps for ref in refs}})
     return f

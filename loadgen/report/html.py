@@ -93,7 +93,10 @@ class _Plots:
             self.by[key] = {"id": None, "title": title, "skip": skip}
             return
         pid = f"plot-{len(self.items)}"
-        item = {"id": pid, "title": title, "json": Markup(script_json(fig.to_json()))}
+        # the div as tall as the figure: plotly's responsive resize fills its div, and a div left to its CSS
+        # minimum would squeeze the figure (or let it overflow its section) once the window is resized
+        height = int(fig.layout.height or P.LAYOUT["height"])
+        item = {"id": pid, "title": title, "height": height, "json": Markup(script_json(fig.to_json()))}
         self.items.append(item)
         self.by[key] = item
 

@@ -228,16 +228,17 @@ HEALTH_ROWS = (("ttft", "TTFT (ms)"), ("token_rate", "output tokens/s"), ("kv_us
 
 
 def health(run: d.RunData) -> tuple[go.Figure | None, list[str]]:
-    """The five service-health signals over the run, one panel each; also the names of the signals with
-    no data (said in the page)."""
+    """The service-health signals over the run, one panel each for those with data; also the names of the
+    signals with none (said in the page, not drawn as empty panels)."""
     sig = health_series(run)
     missing = [label for key, label in HEALTH_ROWS if not sig[key]]
-    if len(missing) == len(HEALTH_ROWS):
+    rows = [(key, label) for key, label in HEALTH_ROWS if sig[key]]
+    if not rows:
         return None, missing
-    f = make_subplots(rows=len(HEALTH_ROWS), cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                      subplot_titles=[label + ("" if sig[key] else " — no data") for key, label in HEALTH_ROWS])
+    f = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.04 * 5 / max(len(rows), 2),
+                      subplot_titles=[label for _, label in rows])
     legends = {}
-    for row, (key, label) in enumerate(HEALTH_ROWS, start=1):
+    for row, (key, label) in enumerate(rows, start=1):
         lg = "legend" if row == 1 else f"legend{row}"
         for i, (name, (xs, ys)) in enumerate(sig[key].items()):
             f.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, legend=lg,
@@ -253,9 +254,9 @@ def health(run: d.RunData) -> tuple[go.Figure | None, list[str]]:
         if k < 40:
             f.add_annotation(x=a, y=1.0, yref="paper", text=f"#{stage}", showarrow=False, xanchor="left",
                              font=dict(size=9, color="#888"))
-    f.update_xaxes(title_text="seconds since the run start", row=len(HEALTH_ROWS), col=1)
+    f.update_xaxes(title_text="seconds since the run start", row=len(rows), col=1)
     f.update_layout(meta={"title": "Service health over the run"}, showlegend=True,
-                    **{**LAYOUT, "height": 230 * len(HEALTH_ROWS), "margin": dict(l=60, r=200, t=40, b=50),
+                    **{**LAYOUT, "height": 230 * len(rows) + 40, "margin": dict(l=60, r=200, t=40, b=50),
                        **legends})
     return f, missing
 

@@ -103,7 +103,8 @@ MACROS = r"""
 {%- endmacro %}
 
 {% macro plot(p) -%}
-{%- if p.id -%}<div class="plot" id="{{ p.id }}" role="img" aria-label="{{ p.title }}"></div>
+{%- if p.id -%}<div class="plot" id="{{ p.id }}" role="img" aria-label="{{ p.title }}"
+ style="height: {{ p.height }}px"></div>
 {%- else -%}<p class="note">{{ p.title }}: {{ p.skip }}</p>{%- endif -%}
 {%- endmacro %}
 """
