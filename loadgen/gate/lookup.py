@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.gate.values import MISSING, GateInputError, is_number
-from loadgen.results.records import read_records
-from loadgen.results.rundir import METRICS, REQUESTS, SUMMARY, read_metrics
+from loadgen.results.rundir import REQUESTS, SUMMARY
 
 ALIASES: dict[str, str] = {
     "rated_rps": "rated_capacity.rate_rps",
@@ -52,11 +51,15 @@ def load_summary(path: str | Path) -> dict[str, Any]:
 
 
 def rebuild_summary(run_dir: Path) -> dict[str, Any]:
-    """The summary of a run folder without one (a run cut short before writing it), from its records."""
+    """The summary of a fixed-load run folder without one (a run cut short before writing it), from its
+    records; a capacity run's cannot be (its search is not in the records): a GateInputError."""
     # Lazy: summarize needs pandas, which a gate over two summary.json files never loads.
-    from loadgen.results.summary import summarize
+    from loadgen.results.rebuild import NotRebuildable, rebuild_fixed_summary
 
-    summary = summarize(read_records(run_dir / REQUESTS), metrics=read_metrics(run_dir / METRICS))
+    try:
+        summary = rebuild_fixed_summary(run_dir)
+    except NotRebuildable as e:
+        raise GateInputError(str(e)) from None
     summary["run_id"] = run_dir.name
     return summary
 
