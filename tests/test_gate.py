@@ -14,6 +14,7 @@ import pytest
 from loadgen import gate as G
 from loadgen.cli import main
 
+from .test_gate_intervals import without_interval
 from .test_report_fixtures import make_capacity_run, make_fixed_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ def runs(tmp_path_factory):
     return {
         "cap": make_capacity_run(tmp_path / "cap"),
         "cap_same": make_capacity_run(tmp_path / "cap_same", seed=3),
-        "cap_slow": make_capacity_run(tmp_path / "cap_slow", scale=0.8, seed=1),
+        "cap_slow": without_interval(make_capacity_run(tmp_path / "cap_slow", scale=0.8, seed=1)),
         "never": make_capacity_run(tmp_path / "never", knee=0.5),
         "fixed": make_fixed_run(tmp_path / "fixed", ttft_ms=80),
         "fixed_same": make_fixed_run(tmp_path / "fixed_same", ttft_ms=82, seed=5),

@@ -27,6 +27,16 @@ def with_interval(path: Path, est: float, lo: float, hi: float, *, rate: float |
     return path
 
 
+def without_interval(path: Path) -> Path:
+    """The run as a summary from before ratings had intervals (the fixture's runs carry the rating's)."""
+    p = path / "summary.json"
+    s = json.loads(p.read_text())
+    for k in ("estimate", "ci_low", "ci_high", "ci_of", "confidence", "interval"):
+        s["rated_capacity"].pop(k, None)
+    p.write_text(json.dumps(s))
+    return path
+
+
 @pytest.fixture
 def pair(tmp_path):
     return make_capacity_run(tmp_path / "run"), make_capacity_run(tmp_path / "base", seed=3)
@@ -96,7 +106,8 @@ def test_the_rule_is_the_difference_of_the_two_intervals():
 
 
 def test_without_intervals_the_fixed_rule_decides(pair, tmp_path, capsys):
-    run = with_interval(pair[0], 8.6, 7.4, 9.9)  # the baseline (an older summary) has none
+    run = with_interval(pair[0], 8.6, 7.4, 9.9)
+    without_interval(pair[1])  # the baseline (an older summary) has none
     rc, out, root = gate(capsys, run, pair[1], tmp_path)
     assert rc == 1 and "≥ 0.9 × baseline = 9 (no interval in the baseline)" in out
     props = {p.get("name"): p.get("value") for p in case(root, "rated_capacity.rate_rps").findall(".//property")}
