@@ -4,6 +4,7 @@ is for, or one built-in's YAML to copy (``slobench scenarios your-server > my.ya
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from loadgen.commands.common import EXIT_OK, UsageError
@@ -29,11 +30,18 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
         path = builtin_path(args.name)
         if path is None:
             raise UsageError(f"scenarios: no built-in scenario {args.name!r} (built in: {', '.join(builtin_names())})")
-        sys.stdout.write(path.read_text(encoding="utf-8"))
-        return EXIT_OK
+        return write(path.read_text(encoding="utf-8"))
     rows = builtin_scenarios()
     width = max(len(r.name) for r in rows)
-    for r in rows:
-        target = "embedded engine" if r.embedded_engine else "any server"
-        print(f"{r.name:<{width}}  {target:<15}  {r.description}")
+    return write("".join(f"{r.name:<{width}}  {'embedded engine' if r.embedded_engine else 'any server':<15}  "
+                         f"{r.description}\n" for r in rows))
+
+
+def write(text: str) -> int:
+    """``text`` to stdout; a reader that stops early (``| head``) is no error."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit does not fail
     return EXIT_OK
