@@ -126,13 +126,13 @@ def latency_vs_load(run: d.RunData, figs: list[StepFigures], ttfot: bool) -> go.
                                        marker=dict(size=6, symbol=[SYMBOL[s.passed] for s in rows]),
                                        hovertemplate="%{x:.4g}: %{y:.4g} ms<br>%{text}<extra>" + name + "</extra>"),
                             row=row, col=1)
-        for tier, slo in slo_list(run):
-            if str(slo.get("metric", "")).removesuffix("_ms") != key:
-                continue
+        lines = [(tier, slo) for tier, slo in slo_list(run) if str(slo.get("metric", "")).removesuffix("_ms") == key]
+        for k, (tier, slo) in enumerate(lines):  # labels alternately left and right: close thresholds' would overlap
             thr, q = float(slo["threshold_ms"]), 100 * float(slo.get("quantile") or 0.99)
             judged = " (judged on each request's longest gap)" if key == "itl" else ""
             f.add_hline(y=thr, line=dict(color=colors.get(tier, "#555"), dash="dash", width=1), row=row, col=1,
-                        annotation_text=f"{tier} SLO p{q:g} ≤ {thr:g} ms{judged}", annotation_position="top left")
+                        annotation_text=f"{tier} SLO p{q:g} ≤ {thr:g} ms{judged}",
+                        annotation_position="top left" if k % 2 == 0 else "top right")
     rated, _ = d.rated_load(run)
     if _num(rated) is not None:
         f.add_vline(x=rated, line=dict(color="#000", width=1.5), row="all", col=1)

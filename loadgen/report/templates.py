@@ -122,7 +122,7 @@ REPORT = r"""
 <section>
 <h2>Verdict</h2>
 {% for v in verdicts %}<div class="verdict {{ v.cls }}">{{ v.text }}</div>{% endfor %}
-<div class="cards">{% for c in cards %}<div class="card"><div class="v">{{ num(c.value) }}{% if c.unit %}
+<div class="cards">{% for c in cards %}<div class="card"><div class="v">{{ num(c.value) }}{% if c.unit and c.value is not none %}
 <small>{{ c.unit }}</small>{% endif %}</div><div class="k">{{ c.label }}</div></div>{% endfor %}</div>
 {% if rebuilt %}<p class="note">summary.json was missing or unreadable: figures rebuilt from requests.jsonl.</p>{% endif %}
 </section>
