@@ -12,7 +12,7 @@ import pytest
 
 from loadgen.capacity.crossing import slo_crossing
 from loadgen.report import data as d
-from loadgen.report import write_report
+from loadgen.report import write_compare, write_report
 from loadgen.report.html import fmt
 
 from .test_report import _plots, plots_by_title
@@ -204,3 +204,17 @@ def test_health_draws_only_the_signals_it_has(tmp_path):
     panels = {a["text"] for a in health["layout"]["annotations"] if not a["text"].startswith("#")}
     assert "KV usage (%)" not in panels and "batch fill ratio" not in panels and "TTFT (ms)" in panels
     assert re.search(r"no data for: [^.]*KV usage \(%\), batch fill ratio", html)
+
+
+def test_the_comparison_sets_the_rated_loads_side_by_side(tmp_path):
+    """A vs B per tier: each capacity run at its rated load (10 req/s for 3 s in A: 10 requests a tier), not
+    its loads pooled (61 a tier)."""
+    a = make_capacity_run(tmp_path / "a")
+    b = make_capacity_run(tmp_path / "b", scale=0.8, seed=1)
+    html = write_compare(a, b).read_text()
+    assert "Per tier (at the rated load)" in html
+    rows = dict((t, (x, y)) for t, x, y in re.findall(
+        r'<tr><td class="l">(\w+)</td><td class="l">requests</td><td>(\d+)</td>\s*<td>(\d+)</td>', html))
+    rated_b = [r for r in _records(b) if r["stage"] in _summary(b)["rated_capacity"]["steps"]]
+    assert rows == {"all": ("30", str(len(rated_b))),
+                    **{t: ("10", str(sum(r["tier"] == t for r in rated_b))) for t in ("premium", "standard", "basic")}}

@@ -38,15 +38,29 @@ def capacity_sections(run: d.RunData, steps: list[dict[str, Any]], plots: PlotSi
         plots.add(f"dist_{what}", label, CP.distribution(run, refs, what),
                   "no rated or failing step with a successful request" if refs else
                   "no rated step and no failing step to draw")
-    by_index = {s["index"]: s for s in steps if isinstance(s.get("index"), int)}
-    groups = []
-    for ref in refs:
-        frame = d.records_frame([dict(r) for r in ref.records])
-        summaries = [((by_index[i].get("summary") or {}).get("tiers") or {}) for i in ref.steps]
-        groups.append({"label": ref.label, "steps": ref.steps, "offered": ref.offered, "requested": ref.requested,
-                       "records": len(ref.records),
-                       "cut": sum(1 for r in ref.records if r.get("status") == "cancelled"),
-                       "rows": d.tier_table(run, frame, summaries)})
+    groups = reference_tables(run, steps, refs)
     fail = next((r for r in refs if r.label == "first failing"), None)
     return {"refs": groups, "evidence": evs, "interval": iv, "ttfot": ttfot,
             "first_fail": {"offered": fail.offered, "requested": fail.requested, "steps": fail.steps} if fail else None}
+
+
+def reference_tables(run: d.RunData, steps: list[dict[str, Any]], refs: list[sm.ReferenceSteps]
+                     ) -> list[dict[str, Any]]:
+    """The per-tier tables of the reference steps' windows (with the SLO attainment of their summaries)."""
+    by_index = {s["index"]: s for s in steps if isinstance(s.get("index"), int)}
+    out = []
+    for ref in refs:
+        frame = d.records_frame([dict(r) for r in ref.records])
+        summaries = [((by_index[i].get("summary") or {}).get("tiers") or {}) for i in ref.steps]
+        out.append({"label": ref.label, "steps": ref.steps, "offered": ref.offered, "requested": ref.requested,
+                    "records": len(ref.records), "cut": sum(1 for r in ref.records if r.get("status") == "cancelled"),
+                    "rows": d.tier_table(run, frame, summaries)})
+    return out
+
+
+def rated_tier_table(run: d.RunData) -> list[dict[str, Any]] | None:
+    """A capacity run's per-tier table at its rated load (None without one): what the comparison page
+    sets beside another run's, instead of a pool over every load."""
+    steps = d.steps(run)
+    refs = [r for r in sm.reference_steps(run, steps, sm.step_windows(run, steps)) if r.label == "rated"]
+    return reference_tables(run, steps, refs)[0]["rows"] if refs else None

@@ -6,6 +6,7 @@ from typing import Any
 
 from loadgen.gate import MISSING, is_number, rated_step, resolve
 from loadgen.report import data as d
+from loadgen.report.capacity_page import rated_tier_table
 
 # (metric as the gate names it, True when higher is better)
 HEADLINE: tuple[tuple[str, bool | None], ...] = (
@@ -60,9 +61,20 @@ def headline_rows(a: d.RunData, b: d.RunData) -> list[dict[str, Any]]:
     return rows
 
 
+def _tier_table(run: d.RunData) -> list[dict[str, Any]]:
+    """A capacity run's per-tier figures at its rated load (its loads pooled would be no load at all), else
+    the whole run's."""
+    if run.is_capacity:
+        rated = rated_tier_table(run)
+        if rated is not None:
+            return rated
+    return d.tier_table(run)
+
+
 def tier_rows(a: d.RunData, b: d.RunData) -> list[dict[str, Any]]:
-    ta = {r["tier"]: r for r in d.tier_table(a)}
-    tb = {r["tier"]: r for r in d.tier_table(b)}
+    """Per tier, A against B: at each capacity run's rated load, else over the whole run."""
+    ta = {r["tier"]: r for r in _tier_table(a)}
+    tb = {r["tier"]: r for r in _tier_table(b)}
     rows = []
     for tier in sorted(set(ta) | set(tb)):
         for key in ("requests", "p50_ttft_ms", "p99_ttft_ms", "p50_itl_ms", "p99_itl_ms", "slo_attainment"):

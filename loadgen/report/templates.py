@@ -252,7 +252,9 @@ COMPARE = r"""
 <td class="{{ r.cls }}">{{ num(r.delta) }}</td><td class="{{ r.cls }}">{% if r.pct is not none %}{{ "%+.1f"|format(r.pct)
 }}%{% else %}–{% endif %}</td></tr>{% endfor %}</table>
 </section>
-{% if tier_rows %}<section><h2>Per tier (whole run)</h2>
+{% if tier_rows %}<section><h2>Per tier ({{ "at the rated load" if a.is_capacity and b.is_capacity else
+"a capacity run at its rated load, any other over the whole run" if a.is_capacity or b.is_capacity else "whole run"
+}})</h2>
 <table><tr><th class="l">tier</th><th class="l">metric</th><th>A</th><th>B</th><th>Δ</th><th>Δ %</th></tr>
 {% for r in tier_rows %}<tr><td class="l">{{ r.tier }}</td><td class="l">{{ r.metric }}</td><td>{{ num(r.a) }}</td>
 <td>{{ num(r.b) }}</td><td class="{{ r.cls }}">{{ num(r.delta) }}</td><td class="{{ r.cls }}">{% if r.pct is not none
