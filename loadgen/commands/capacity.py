@@ -38,7 +38,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from loadgen.scenario.steps import step_specs
     from loadgen.target.access import AccessError
     from loadgen.target.discovery import TargetError
-    from loadgen.target.embedded import EngineStartError
+    from loadgen.target.embedded import EngineStartError, require_engine
     from loadgen.target.probe import ProbeError
     from loadgen.target.request_shape import TargetFitError
     from loadgen.workload.exact_text import ExactLengthError
@@ -53,6 +53,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                    0, 0.0, (scn.step or StepOptions()).step_duration_s)
     except (ScenarioError, ValueError) as e:
         raise UsageError(str(e)) from None
+    if not target:
+        require_engine()  # before the run folder exists: nothing is left behind
     run_dir = run_dir_from(args, scn.name)
     engine_opts = scn.engine_options(args.engine_opt)
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731

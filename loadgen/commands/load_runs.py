@@ -109,7 +109,7 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
     from loadgen.fixed_load import RunOptions, execute
     from loadgen.target.access import AccessError
     from loadgen.target.discovery import TargetError
-    from loadgen.target.embedded import EmbeddedEngine, EngineStartError
+    from loadgen.target.embedded import EmbeddedEngine, EngineStartError, require_engine
     from loadgen.target.probe import ProbeError
     from loadgen.target.request_shape import TargetFitError
     from loadgen.workload.exact_text import ExactLengthError
@@ -121,6 +121,8 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
         raise UsageError("--workers must be >= 1, --max-connections and --concurrency >= 0")
     target = target_url(run.target)
     goodput = {**run.goodput, **goodput_slos(args.goodput)}
+    if not target:
+        require_engine()  # before the run folder exists: nothing is left behind
     run_dir = run_dir_from(args, run.name)
     engine = None
     try:
