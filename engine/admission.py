@@ -176,6 +176,12 @@ class AdmissionEstimator:
             wait = max(wait, tokens / rate if rate > 0 else math.inf)
         return wait
 
+    def retry_after_s(self, tier: str, snap: QueueSnapshot) -> int:
+        """Whole seconds until a request of `tier` could expect room (Retry-After of a 429): its queue's
+        estimated wait, at least 1 and at most RETRY_AFTER_MAX_S (also when the estimate is infinite)."""
+        wait = self.queue_wait_s(tier, snap)
+        return RETRY_AFTER_MAX_S if not math.isfinite(wait) else min(RETRY_AFTER_MAX_S, max(1, math.ceil(wait)))
+
     def ttft_s(self, tier: str, prompt_tokens: int, snap: QueueSnapshot) -> tuple[float, float]:
         """(queue wait, TTFT estimate) for a request of `tier` with `prompt_tokens` arriving now."""
         wait = self.queue_wait_s(tier, snap)
@@ -194,8 +200,12 @@ class AdmissionEstimator:
         slo = self.slo_s.get(tier)
         if self.mode != "slo" or slo is None:
             return None
+        return self.target_frac * slo - self.own_steps_s(prompt_tokens)
+
+    def own_steps_s(self, prompt_tokens: int) -> float:
+        """A request's own time once it starts: the step under way, then its prefill chunks."""
         steps = 1 + (-(-prompt_tokens // self.prefill_chunk) if self.prefill_chunk else 1)
-        return self.target_frac * slo - (self.step_s or 0.0) * steps
+        return (self.step_s or 0.0) * steps
 
     def _forget_if_idle(self, snap: QueueSnapshot) -> None:
         """A new busy period: the engine has had nothing to do for IDLE_FORGET_S; the tail learned in the last

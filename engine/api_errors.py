@@ -13,7 +13,7 @@ from engine.errors import (
     SLOUnattainableError,
 )
 
-RETRY_AFTER_S = 1  # what a 429 for a full queue tells the client to wait
+RETRY_AFTER_S = 1  # a 429 whose engine gave no estimate of when there is room (an older core)
 
 
 class APIError(Exception):
@@ -74,7 +74,7 @@ def map_engine_error(e: EngineError) -> APIError:
             str(e),
             param="service_tier",
             code="queue_full",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
+            headers={"Retry-After": str(getattr(e, "retry_after_s", RETRY_AFTER_S))},
         )
     if isinstance(e, SLOUnattainableError):
         return APIError(
@@ -88,18 +88,32 @@ def map_engine_error(e: EngineError) -> APIError:
 
 
 def shed_error(out: Any, tier: str, config: Any) -> APIError | None:
-    """The 429 for an output that says its request was shed from the queue (None for any other output)."""
+    """The 429 for an output that says its request was shed from the queue (None for any other output): past
+    its tier's TTFT promise (code slo_unattainable) or its tier's longest queue wait (code queue_timeout)."""
     if not (out.finished and any(c.finish_reason == "shed" for c in out.outputs)):
         return None
     t = out.timing
-    waited = f" {(t.finished_time - t.arrival_time) * 1e3:.0f} ms" if t is not None else ""
+    waited_s = (t.finished_time - t.arrival_time) if t is not None else None
+    waited = f" {waited_s * 1e3:.0f} ms" if waited_s is not None else ""
     promise = (getattr(config, "tier_ttft_slo_ms", None) or {}).get(tier)
-    kept = f"its {promise:.0f} ms promise" if promise else "its promise"
+    bound = (getattr(config, "tier_max_queue_s", None) or {}).get(tier)
+    retry = out.retry_after_s or RETRY_AFTER_S
+    if bound is not None and waited_s is not None and (promise is None or waited_s * 1e3 > promise):
+        what, code = f"its longest queue wait of {bound:g} s", "queue_timeout"
+    else:
+        what, code = (f"its {promise:.0f} ms promise" if promise else "its promise"), "slo_unattainable"
     return APIError(
         429,
-        f"the {tier} tier's queue held this request{waited} before it could answer, too long to keep {kept}; "
-        f"retry in {RETRY_AFTER_S} s",
+        f"the {tier} tier's queue held this request{waited} before it could answer, too long to keep {what}; "
+        f"retry in {retry} s",
         param="service_tier",
-        code="slo_unattainable",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
+        code=code,
+        headers={"Retry-After": str(retry)},
     )
+
+
+def engine_failed_error(out: Any) -> APIError | None:
+    """The 500 for an output that says the engine failed this request alone (None for any other output)."""
+    if not (out.finished and getattr(out, "error", None)):
+        return None
+    return APIError(500, out.error, type="server_error", code="engine_error")

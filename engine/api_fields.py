@@ -49,9 +49,25 @@ def float_field(body: dict, key: str, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise wrong_type(key, "a number", value)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond any float
+        raise invalid(key, f"'{key}' must be a finite number") from None
     if not math.isfinite(value):
         raise invalid(key, f"'{key}' must be a finite number")
+    return value
+
+
+def token_id_list(value: list, param: str, vocab_size: int | None) -> list[int]:
+    """`value` if every item is an integer token id of the vocabulary."""
+    for i, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise wrong_type(f"{param}[{i}]", "an integer token id", t)
+        if t < 0 or (vocab_size is not None and t >= vocab_size):
+            raise invalid(
+                param,
+                f"'{param}' holds token id {t} at position {i}, outside the vocabulary [0, {vocab_size})",
+            )
     return value
 
 

@@ -1,7 +1,8 @@
 """OpenAI request validation: a decoded JSON body becomes a `GenerationRequest`, or an `APIError`.
 
 `parse_completion_request` / `parse_chat_request` check every field (prompt or messages, `SamplingParams`
-fields, tier, stream flags) and name the offending one in the error's message and `param`.
+fields: engine/api_sampling.py, tier, stream flags) and name the offending one in the error's message and
+`param`.
 """
 
 from __future__ import annotations
@@ -10,26 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.api_errors import APIError, invalid
-from engine.api_fields import bool_field, float_field, int_field, type_name, unsupported, wrong_type
+from engine.api_fields import bool_field, int_field, token_id_list, type_name, unsupported, wrong_type
+from engine.api_sampling import check_unsupported, sampling_fields
 from engine.config import normalize_tier
 from engine.sampling import SamplingParams
 
-MAX_N = 32
-MAX_STOP = 16
-_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def _check_unsupported(body: dict) -> None:
-    for key in ("presence_penalty", "frequency_penalty"):
-        value = body.get(key)
-        if value is not None and (isinstance(value, bool) or value != 0):
-            raise unsupported(key, "is not supported by this server (only 0)")
-    value = body.get("repetition_penalty")
-    if value is not None and (isinstance(value, bool) or value != 1):
-        raise unsupported("repetition_penalty", "is not supported by this server (only 1)")
-    if body.get("logit_bias"):
-        raise unsupported("logit_bias")
 
 
 @dataclass
@@ -111,69 +98,6 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, bool(include)
 
 
-def _stop(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list):
-        raise wrong_type("stop", "a string or an array of strings", stop)
-    if len(stop) > MAX_STOP:
-        raise invalid("stop", f"'stop' takes at most {MAX_STOP} strings, got {len(stop)}")
-    for i, s in enumerate(stop):
-        if not isinstance(s, str):
-            raise wrong_type(f"stop[{i}]", "a string", s)
-        if not s:
-            raise invalid(f"stop[{i}]", "'stop' strings must not be empty")
-    return list(stop)
-
-
-def _token_id_list(value: list, param: str, vocab_size: int | None) -> list[int]:
-    for i, t in enumerate(value):
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise wrong_type(f"{param}[{i}]", "an integer token id", t)
-        if t < 0 or (vocab_size is not None and t >= vocab_size):
-            raise invalid(
-                param,
-                f"'{param}' holds token id {t} at position {i}, outside the vocabulary [0, {vocab_size})",
-            )
-    return value
-
-
-def _sampling(body: dict, vocab_size: int | None) -> dict[str, Any]:
-    n = int_field(body, "n", 1, lo=1, hi=MAX_N)
-    best_of = body.get("best_of")
-    if best_of is not None and best_of != n:
-        raise unsupported("best_of", "is not supported by this server (only equal to n)")
-    temperature = float_field(body, "temperature", 1.0)
-    if temperature < 0:
-        raise invalid("temperature", f"'temperature' must be non-negative, got {temperature}")
-    top_p = float_field(body, "top_p", 1.0)
-    if not 0.0 < top_p <= 1.0:
-        raise invalid("top_p", f"'top_p' must be in (0, 1], got {top_p}")
-    top_k = int_field(body, "top_k", 0, lo=-1)
-    seed = int_field(body, "seed", None, lo=_SEED_MIN, hi=_SEED_MAX)
-    stop_token_ids = body.get("stop_token_ids")
-    if stop_token_ids is None:
-        stop_token_ids = []
-    elif not isinstance(stop_token_ids, list):
-        raise wrong_type("stop_token_ids", "an array of integers", stop_token_ids)
-    else:
-        _token_id_list(stop_token_ids, "stop_token_ids", vocab_size)
-    return {
-        "n": n,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "seed": seed,
-        "stop": _stop(body),
-        "stop_token_ids": list(stop_token_ids),
-        "ignore_eos": bool_field(body, "ignore_eos", False),
-        "min_tokens": int_field(body, "min_tokens", 0, lo=0),
-    }
-
-
 def _check_min_tokens(req: GenerationRequest) -> None:
     min_tokens = req.sampling["min_tokens"]
     if req.max_tokens is not None and min_tokens > req.max_tokens:
@@ -200,7 +124,7 @@ def parse_prompt(prompt: Any, vocab_size: int | None) -> str | list[int]:
     if isinstance(prompt, list):
         if not prompt:
             raise invalid("prompt", "'prompt' must not be empty")
-        return _token_id_list(prompt, "prompt", vocab_size)
+        return token_id_list(prompt, "prompt", vocab_size)
     raise wrong_type("prompt", "a string or an array of token ids", prompt)
 
 
@@ -211,11 +135,9 @@ def parse_completion_request(
     model = _model(body, served_models)
     prompt = parse_prompt(body.get("prompt"), vocab_size)
     stream, include_usage = _stream(body)
-    _check_unsupported(body)
+    check_unsupported(body, chat=False)
     if body.get("echo") not in (None, False):
         raise unsupported("echo")
-    if body.get("logprobs") is not None:
-        raise unsupported("logprobs")
     if body.get("suffix") is not None:
         raise unsupported("suffix")
     req = GenerationRequest(
@@ -225,7 +147,7 @@ def parse_completion_request(
         stream=stream,
         include_usage=include_usage,
         max_tokens=int_field(body, "max_tokens", 16, lo=1),
-        sampling=_sampling(body, vocab_size),
+        sampling=sampling_fields(body, vocab_size),
         prompt=prompt,
     )
     _check_min_tokens(req)
@@ -294,9 +216,7 @@ def parse_chat_request(
     model = _model(body, served_models)
     messages = parse_messages(body.get("messages"))
     stream, include_usage = _stream(body)
-    _check_unsupported(body)
-    if body.get("logprobs") not in (None, False):
-        raise unsupported("logprobs")
+    check_unsupported(body, chat=True)
     if body.get("tools"):
         raise unsupported("tools")
     response_format = body.get("response_format")
@@ -317,7 +237,7 @@ def parse_chat_request(
         stream=stream,
         include_usage=include_usage,
         max_tokens=max_tokens,
-        sampling=_sampling(body, vocab_size),
+        sampling=sampling_fields(body, vocab_size),
         messages=messages,
         add_generation_prompt=bool_field(body, "add_generation_prompt", True),
         chat_template_kwargs=kwargs,

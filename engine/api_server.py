@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.api_errors import APIError, invalid, map_engine_error, shed_error
+from engine.api_errors import APIError, engine_failed_error, map_engine_error, shed_error
 from engine.api_requests import GenerationRequest, parse_chat_request, parse_completion_request
 from engine.api_responses import (
     SSE_DONE,
@@ -36,7 +36,7 @@ from engine.api_responses import (
     usage,
     usage_chunk,
 )
-from engine.chat import ChatTemplateError, render_chat
+from engine.chat import chat_prompt_ids
 from engine.core_client import EngineCoreClient, ProcessEngineLoop
 from engine.engine_loop import EngineLoop, RequestStream, StreamRouter
 from engine.errors import EngineError
@@ -132,54 +132,12 @@ async def handle_completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, req, req.prompt, "cmpl-", received)
 
 
-def _special_token_text(tok: Any, token_id: int | None) -> str:
-    if token_id is None:
-        return ""
-    try:
-        return tok.decode([token_id], skip_special_tokens=False)
-    except Exception:
-        return ""
-
-
-def _chat_prompt(engine: Any, req: GenerationRequest) -> list[int]:
-    """Render the messages with the checkpoint's template (or the plain one) and tokenize them.
-
-    The template writes special tokens itself, so the text is encoded without them; BOS is added only
-    when the tokenizer adds one to plain text and the template did not write it.
-    """
-    tok = engine.tokenizer
-    bos = getattr(tok, "bos_token_id", None)
-    eos_ids = getattr(tok, "eos_token_ids", None) or []
-    try:
-        text = render_chat(
-            req.messages,
-            getattr(tok, "chat_template", None),
-            add_generation_prompt=req.add_generation_prompt,
-            bos_token=_special_token_text(tok, bos),
-            eos_token=_special_token_text(tok, eos_ids[0] if eos_ids else None),
-            **req.chat_template_kwargs,
-        )
-    except ChatTemplateError as e:
-        raise invalid("messages", f"'messages' could not be rendered: {e}") from e
-    except TypeError as e:  # chat_template_kwargs clashing with the template's own arguments
-        raise invalid("chat_template_kwargs", f"'chat_template_kwargs' is invalid: {e}") from e
-    try:
-        ids = tok.encode(text, add_special_tokens=False)
-        adds_bos = bos is not None and tok.encode("a")[:1] == [bos]
-    except TypeError:  # a tokenizer without add_special_tokens
-        ids, adds_bos = tok.encode(text), False
-    if adds_bos and ids[:1] != [bos]:
-        ids = [bos, *ids]
-    if not ids:
-        raise invalid("messages", "'messages' render to an empty prompt")
-    return ids
-
-
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     received = time.monotonic()
     engine = request.app[ENGINE_KEY]
     req = parse_chat_request(await _json_body(request), _served_models(engine), _vocab_size(engine))
-    return await _generate(request, req, _chat_prompt(engine, req), "chatcmpl-", received)
+    prompt = chat_prompt_ids(engine.tokenizer, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
+    return await _generate(request, req, prompt, "chatcmpl-", received)
 
 
 async def _generate(
@@ -210,9 +168,9 @@ async def _generate(
         while not any(o.finished or any(c.new_text for c in o.outputs) for o in first):
             first += await stream.next_batch()
         clock = (received, time.monotonic())  # for the front end's share of the TTFT
-        shed = shed_error(first[-1], req.tier, app[ENGINE_KEY].config)
-        if shed is not None:
-            raise shed
+        refused = shed_error(first[-1], req.tier, app[ENGINE_KEY].config) or engine_failed_error(first[-1])
+        if refused is not None:  # shed (429), or the engine failed this request alone before it showed anything
+            raise refused
         if req.stream:
             return await _stream_response(request, req, stream, first, clock)
         return await _full_response(req, stream, first, clock)
@@ -225,6 +183,8 @@ async def _full_response(req: GenerationRequest, stream: RequestStream, first: l
     last = first[-1]
     while not last.finished:
         last = (await stream.next_batch())[-1]
+    if (failed := engine_failed_error(last)) is not None:
+        raise failed
     completion_tokens = sum(len(c.token_ids) for c in last.outputs)
     body = full_response(
         req.kind,
@@ -278,6 +238,9 @@ async def _stream_response(
                     else:
                         parts.append(sse_event(completion_chunk(rid, created, model, c.index, delta_text, finish)))
             last = batch[-1]
+            if (failed := engine_failed_error(last)) is not None:  # this request alone: its own error event
+                await resp.write(b"".join(parts) + sse_event(failed.body()) + SSE_DONE)
+                return resp
             if last.finished:
                 if req.include_usage:
                     completion_tokens = sum(len(c.token_ids) for c in last.outputs)

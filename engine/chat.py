@@ -15,6 +15,8 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.api_errors import invalid
+
 # For presets (no tokenizer_config.json): one line of role tag, the content, then the assistant tag.
 PLAIN_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -77,3 +79,46 @@ def render_chat(
         raise
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
         raise ChatTemplateError(f"the chat template failed to render these messages: {e}") from e
+
+
+def special_token_text(tok: Any, token_id: int | None) -> str:
+    if token_id is None:
+        return ""
+    try:
+        return tok.decode([token_id], skip_special_tokens=False)
+    except Exception:
+        return ""
+
+
+def chat_prompt_ids(tok: Any, messages: list[dict[str, str]], add_generation_prompt: bool,
+                    template_kwargs: dict[str, Any]) -> list[int]:
+    """Render the messages with the checkpoint's template (or the plain one) and tokenize them.
+
+    The template writes special tokens itself, so the text is encoded without them; BOS is added only
+    when the tokenizer adds one to plain text and the template did not write it.
+    """
+    bos = getattr(tok, "bos_token_id", None)
+    eos_ids = getattr(tok, "eos_token_ids", None) or []
+    try:
+        text = render_chat(
+            messages,
+            getattr(tok, "chat_template", None),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=special_token_text(tok, bos),
+            eos_token=special_token_text(tok, eos_ids[0] if eos_ids else None),
+            **template_kwargs,
+        )
+    except ChatTemplateError as e:
+        raise invalid("messages", f"'messages' could not be rendered: {e}") from e
+    except TypeError as e:  # chat_template_kwargs clashing with the template's own arguments
+        raise invalid("chat_template_kwargs", f"'chat_template_kwargs' is invalid: {e}") from e
+    try:
+        ids = tok.encode(text, add_special_tokens=False)
+        adds_bos = bos is not None and tok.encode("a")[:1] == [bos]
+    except TypeError:  # a tokenizer without add_special_tokens
+        ids, adds_bos = tok.encode(text), False
+    if adds_bos and ids[:1] != [bos]:
+        ids = [bos, *ids]
+    if not ids:
+        raise invalid("messages", "'messages' render to an empty prompt")
+    return ids

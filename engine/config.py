@@ -52,6 +52,12 @@ class EngineConfig:
     admission: str = "slo"
     tier_ttft_slo_ms: dict[str, float] = field(default_factory=lambda: {"premium": 300.0, "standard": 800.0})
     admission_target_frac: float = 0.8  # admit while the TTFT estimate stays within this share of the promise
+    # The longest a request of each tier waits unstarted (seconds; None: unbounded), in either admission mode: past
+    # it, one that has shown its client nothing is shed (429 with Retry-After) rather than outwait the client. 60 s
+    # is the timeout most clients and gateways run with; the TTFT promises bound premium and standard sooner.
+    tier_max_queue_s: dict[str, float | None] = field(
+        default_factory=lambda: {"premium": 60.0, "standard": 60.0, "basic": 60.0}
+    )
 
     # Kernels
     # On the CPU, linear layers on weights oneDNN reordered once at load (engine/cpu_linear.py), not torch's
@@ -82,6 +88,10 @@ class EngineConfig:
             raise ValueError("admission_target_frac must be in (0, 1]")
         if set(self.tier_ttft_slo_ms) - set(TIERS):
             raise ValueError(f"tier_ttft_slo_ms: unknown tiers {sorted(set(self.tier_ttft_slo_ms) - set(TIERS))}")
+        if set(self.tier_max_queue_s) - set(TIERS):
+            raise ValueError(f"tier_max_queue_s: unknown tiers {sorted(set(self.tier_max_queue_s) - set(TIERS))}")
+        if any(v is not None and not v > 0 for v in self.tier_max_queue_s.values()):
+            raise ValueError("tier_max_queue_s: each bound must be positive seconds, or None (unbounded)")
         if not 0.0 <= self.premium_reserved_kv_frac < 1.0:
             raise ValueError("premium_reserved_kv_frac must be in [0, 1)")
 

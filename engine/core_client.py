@@ -64,7 +64,8 @@ class OutputAssembler:
         if d.finished:
             self._prompts.pop(d.request_id, None)
             self._choices.pop(d.request_id, None)
-        return RequestOutput(d.request_id, d.tier, prompt, outputs, d.finished, d.timing, d.num_cached_tokens)
+        return RequestOutput(d.request_id, d.tier, prompt, outputs, d.finished, d.timing, d.num_cached_tokens,
+                             d.error, d.retry_after_s)
 
 
 def _settle(fut: concurrent.futures.Future, result: Any = None, exception: BaseException | None = None) -> None:

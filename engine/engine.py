@@ -1,12 +1,13 @@
 """The engine: requests in, tokens out. `step()` = schedule -> run the model -> process outputs.
 
-`add_request` and `abort` are safe to call from any thread (the server's event loop); they only queue work
-for the thread that calls `step()`.
+`add_request` and `abort` (engine/intake.py) are safe to call from any thread (the server's event loop); they
+only queue work for the thread that calls `step()`. A fault in one sequence's part of a step (its forward pass,
+sampling, detokenizing, stop checks) fails its request alone: finish reason "error" with the reason in its own
+output, its KV freed at once; every other sequence of the batch goes on untouched (engine/step_faults.py).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import time
@@ -14,19 +15,14 @@ from collections import deque
 
 import torch
 
-from engine.admission import AdmissionEstimator, QueueSnapshot
-from engine.block_manager import BlockManager, kv_blocks_alone
-from engine.config import TIERS, EngineConfig, normalize_tier
+from engine.admission import AdmissionEstimator
+from engine.block_manager import BlockManager
+from engine.config import TIERS, EngineConfig
 from engine.cpu_linear import pack_linears
 from engine.decode_graphs import decode_graph_plan
 from engine.engine_stats import collect_stats
-from engine.errors import (
-    CapacityExceededError,
-    InvalidRequestError,
-    PromptTooLongError,
-    QueueFullError,
-    SLOUnattainableError,
-)
+from engine.fanout import FanOut
+from engine.intake import RequestIntake
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor, build_output
@@ -35,12 +31,11 @@ from engine.sampler import Sampler
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
+from engine.step_faults import failure_message, log_failure, run_apart, sample_apart, valid_token
 from engine.timing import StepClock, StepTimes, record_scheduled, record_token_step
 
-_request_ids = itertools.count()
 
-
-class Engine:
+class Engine(RequestIntake):
     def __init__(self, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -83,94 +78,8 @@ class Engine:
         self.admission_rejections = dict.fromkeys(TIERS, 0)
         self.num_shed = dict.fromkeys(TIERS, 0)  # queued requests shed: they could no longer keep their promise
         self.step_times = StepTimes()
-
-    # ---- requests in ----------------------------------------------------------------------------
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    tier: str | None = "standard", request_id: str | None = None, slo_admission: bool = True) -> str:
-        """Queue a request (any thread). `slo_admission=False` (offline work, `generate`) skips SLO-aware
-        admission for it: neither refused at arrival nor shed while it waits; the queue bound still holds."""
-        params = params or SamplingParams()
-        try:
-            tier = normalize_tier(tier)
-        except ValueError as e:
-            raise InvalidRequestError(str(e), "service_tier") from None
-        prompt_ids = self._prompt_ids(prompt)
-        if len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise PromptTooLongError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
-                f"{len(prompt_ids)} tokens and max_tokens asks for {params.max_tokens} more",
-                "prompt" if len(prompt_ids) >= self.max_model_len else "max_tokens",
-            )
-        self._check_fits_alone(len(prompt_ids), params, tier)
-        request_id = request_id or f"req-{next(_request_ids)}"
-        request = Request(request_id, prompt_ids, params, tier, sheddable=slo_admission)
-        limit = self.config.max_waiting_per_tier.get(tier, 0)
-        with self._inbox_lock:
-            try:
-                if self.scheduler.num_waiting(tier) + self._pending_by_tier[tier] >= limit:
-                    raise QueueFullError(tier, limit)
-                if slo_admission:
-                    self.admission.check(tier, len(prompt_ids), self._queue_snapshot())
-            except (QueueFullError, SLOUnattainableError):
-                self.admission_rejections[tier] += 1
-                raise
-            self.admission.on_admitted(tier, len(prompt_ids))
-            self._pending_by_tier[tier] += 1
-            self._pending_work[tier][0] += params.n
-            self._pending_work[tier][1] += len(prompt_ids)
-            self._inbox.append(("add", request))
-        self._work.set()
-        return request_id
-
-    def _queue_snapshot(self) -> QueueSnapshot:
-        """What is queued per tier, in the scheduler and the inbox (any thread; reads counters only)."""
-        queues = self.scheduler.queues
-        return QueueSnapshot(
-            queued_slots={t: queues.queued_slots[t] + self._pending_work[t][0] for t in TIERS},
-            queued_tokens={t: queues.queued_tokens[t] + self._pending_work[t][1] + self._running_prefill[t]
-                           for t in TIERS},
-            running_slots=dict(self._running_slots),
-            kv_blocked_tier=self.scheduler.kv_blocked_tier,
-        )
-
-    def _check_fits_alone(self, prompt_len: int, params: SamplingParams, tier: str) -> None:
-        """Refuse up front what could never run even alone (the scheduler's progress guarantee needs it)."""
-        sched, bs = self.scheduler, self.config.block_size
-        slots = sched.slot_limit(tier)
-        if params.n > slots:
-            raise CapacityExceededError(
-                f"n = {params.n} completions need {params.n} batch slots, but the {tier} tier may use only "
-                f"{slots} (max_num_seqs {self.config.max_num_seqs}); lower n", "n")
-        blocks, limit = kv_blocks_alone(prompt_len, params.n, params.max_tokens, bs), sched.kv_limit(tier)
-        if blocks > limit:
-            share = "" if limit == self.block_manager.num_blocks else f" the {tier} tier may use"
-            raise CapacityExceededError(
-                f"this request needs up to {blocks} KV-cache blocks of {bs} tokens ({params.n} completion(s) of "
-                f"{prompt_len} prompt + {params.max_tokens} max_tokens tokens) but the KV cache has only "
-                f"{limit}{share}; lower max_tokens, n or the prompt", "max_tokens")
-
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("prompt is empty", "prompt")
-            ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                      for t in prompt):
-            ids = list(prompt)
-            vocab = self.model_config.vocab_size
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(f"token id {bad[0]} is out of range [0, {vocab})", "prompt")
-        else:
-            raise InvalidRequestError("prompt must be a string or a list of token ids", "prompt")
-        if not ids:
-            raise InvalidRequestError("prompt is empty", "prompt")
-        return ids
-
-    def abort(self, request_id: str) -> None:
-        with self._inbox_lock:
-            self._inbox.append(("abort", request_id))
-        self._work.set()
+        self.fanout = FanOut()  # requests split into children that queue for slots one by one
+        self.num_failed = 0  # requests the engine failed alone (a fault in their part of a step)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self._inbox)
@@ -194,13 +103,19 @@ class Engine:
             clock.mark_scheduled()
             self.runner.execute_ops(plan.ops)
             if plan.scheduled:
-                logits, sample_rows = self._run(plan.scheduled, clock.start)
+                batch, logits, sample_rows = self._run(plan.scheduled, clock.start, outputs)
                 clock.mark_ran()
-                self._process(plan.scheduled, sample_rows, logits, outputs)
+                if batch:
+                    self._process(batch, sample_rows, logits, outputs)
                 clock.mark_processed()
             self.step_times.add(clock)
             self._measure(plan.scheduled, clock.processed - clock.start)
-            return list(outputs.values())
+            if not self.fanout.parent_of:
+                return list(outputs.values())
+            merged, siblings = self.fanout.merge(outputs)
+            for child_id in siblings:  # a child failed: its parent has answered, its siblings end next step
+                self.abort(child_id)
+            return list(merged.values())
 
     def _measure(self, batch: list[ScheduledSeq], step_s: float) -> None:
         """Feed the admission estimate: a step that ran the model (its time and prefill tokens); slots held."""
@@ -233,35 +148,54 @@ class Engine:
                         seq.status, seq.finish_reason = SeqStatus.FINISHED, "abort"
                 self._finish_request(request, outputs, now)
 
+    def _shed_deadline(self, tier: str, request: Request) -> float | None:
+        """How long it may wait unstarted: its promise (SLO admission) or its tier's longest wait, the sooner."""
+        prompt = len(request.prompt_ids)
+        slo = self.admission.shed_deadline_s(tier, prompt) if self.config.admission == "slo" else None
+        bound = self.config.tier_max_queue_s.get(tier)
+        if bound is not None:  # its first text, not only its start, within the bound: less its own steps
+            bound -= self.admission.own_steps_s(prompt)
+        return min((d for d in (slo, bound) if d is not None), default=None)
+
     def _shed_late(self, outputs: dict[str, RequestOutput], now: float) -> None:
         """Finish (reason "shed") every queued request that never started and can no longer keep its promise
-        (engine/admission.py); the server answers it 429."""
-        if self.config.admission != "slo":
-            return
+        (engine/admission.py) or has waited its tier's longest (`tier_max_queue_s`); the server answers it 429
+        with Retry-After from the tier's estimated queue wait."""
         queues = self.scheduler.queues
         for tier in TIERS:
-            late = []
+            late: list[Request] = []
             # waiting and swapped, each in arrival order within the tier: stop at the first that still has time
             for queue in (queues.waiting[tier], queues.swapped[tier]):
                 for request in queue:
-                    deadline = self.admission.shed_deadline_s(tier, len(request.prompt_ids))
+                    deadline = self._shed_deadline(tier, request)
                     if deadline is None or now - request.arrival_time <= deadline:
                         break
                     # One the client has seen output of keeps its place: its answer is under way. One preempted
                     # before its first text (a byte-level model holds back an incomplete character) has shown
                     # nothing yet, and would otherwise wait out the tiers above it with its first token unsent.
-                    if request.first_text_time is None and request.sheddable:
+                    group = self.fanout.group_of(request)
+                    if request.first_text_time is None and request.sheddable and not (group and group.started):
                         late.append(request)
+            if not late:
+                continue
+            retry = self.admission.retry_after_s(tier, self._queue_snapshot())
             for request in late:
-                for seq in request.seqs:
-                    seq.status, seq.finish_reason = SeqStatus.FINISHED, "shed"
+                if request.request_id not in self.requests:
+                    continue  # a sibling of one shed before it
+                group = self.fanout.group_of(request)
+                siblings = [c for c in group.children if c.request_id in self.requests] if group else [request]
+                for member in siblings:  # a split request is shed whole: none of it has shown anything yet
+                    for seq in member.seqs:
+                        if not seq.is_finished:
+                            seq.status, seq.finish_reason = SeqStatus.FINISHED, "shed"
+                    member.retry_after_s = retry
+                    self._finish_request(member, outputs, now)
                 self.num_shed[tier] += 1
                 self.admission_rejections[tier] += 1  # a 429 like the others, only later
                 self.admission.on_outcome(tier, None)  # admitted and then past hope: admission was too lenient
-                self._finish_request(request, outputs, now)
 
     def _start(self, request: Request) -> None:
-        request.seqs.append(self._new_seq(request, 0, list(request.prompt_ids)))
+        request.seqs.append(self._new_seq(request, request.child_index, list(request.prompt_ids)))
         self.requests[request.request_id] = request
         self.scheduler.add(request)
 
@@ -270,14 +204,42 @@ class Engine:
                         request.tier, request.arrival_time, status=SeqStatus.RUNNING,
                         generator=self.sampler.generator_for(request.params, index))
 
-    def _run(self, batch: list[ScheduledSeq], step_start: float) -> tuple[torch.Tensor, list[int]]:
-        """Forward the batch: logits for the rows that sample, those whose prompt is now all in the cache."""
+    def _run(self, batch: list[ScheduledSeq], step_start: float, outputs: dict[str, RequestOutput]
+             ) -> tuple[list[ScheduledSeq], torch.Tensor | None, list[int]]:
+        """Forward the batch: logits for the rows that sample, those whose prompt is now all in the cache.
+
+        When the batch's forward pass raises, each sequence runs alone and the requests of those that fail
+        alone fail (engine/step_faults.py); returns the batch that ran, its logits and its sampling rows.
+        """
         for item in batch:
             record_scheduled(self.requests[item.seq.request_id], step_start)
         tables = [self.block_manager.block_table(item.seq.seq_id) for item in batch]
         rows = [i for i, item in enumerate(batch)
                 if item.seq.num_computed + item.num_new_tokens == item.seq.num_tokens]
-        return self.runner.run(batch, tables, rows), rows
+        try:
+            return batch, self.runner.run(batch, tables, rows), rows
+        except Exception:  # noqa: BLE001 (found below, sequence by sequence)
+            by_row, failed = run_apart(self.runner, batch, tables, rows)
+        now = time.monotonic()
+        for i, error in failed.items():
+            if (request := self.requests.get(batch[i].seq.request_id)) is not None:
+                self._fail(request, "computing", error, outputs, now)
+        ran = [i for i in range(len(batch)) if batch[i].seq.request_id in self.requests]  # a request fails whole
+        kept_rows = [i for i in ran if i in by_row]
+        position = {i: k for k, i in enumerate(ran)}
+        logits = torch.cat([by_row[i] for i in kept_rows]) if kept_rows else None
+        return [batch[i] for i in ran], logits, [position[i] for i in kept_rows]
+
+    def _fail(self, request: Request, stage: str, error: BaseException, outputs: dict[str, RequestOutput],
+              now: float) -> None:
+        """A fault in the request's own part of the step: it alone finishes ("error"), its KV freed now."""
+        log_failure(request.request_id, stage, error)
+        request.error = failure_message(stage, error)
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.status, seq.finish_reason = SeqStatus.FINISHED, "error"
+        self.num_failed += 1
+        self._finish_request(request, outputs, now)
 
     # ---- processing a step's outputs ------------------------------------------------------------
     def _process(self, batch: list[ScheduledSeq], sample_rows: list[int], logits: torch.Tensor,
@@ -296,7 +258,11 @@ class Engine:
         if rows != list(range(logits.shape[0])):  # a copy of the logits only when rows differ (n > 1, forks)
             logits = logits[torch.tensor(rows, device=logits.device)]
         seqs = [seq for _, seq in draws]
-        touched = self._append_tokens(seqs, self.sampler.sample(logits, seqs))
+        try:
+            tokens: list = self.sampler.sample(logits, seqs)
+        except Exception:  # noqa: BLE001 (found row by row: only the faulty rows' requests fail)
+            tokens = sample_apart(self.sampler, logits, seqs)
+        touched = self._append_tokens(seqs, tokens, outputs)
         self._emit(touched, outputs, time.monotonic())
 
     def _commit_computed(self, batch: list[ScheduledSeq]) -> None:
@@ -333,15 +299,33 @@ class Engine:
             children.append(child)
         return children
 
-    def _append_tokens(self, seqs: list[Sequence], tokens: list[int]) -> list[Request]:
-        """Each sequence takes its token; one that finishes frees its KV at once. Returns the requests touched."""
+    def _append_tokens(self, seqs: list[Sequence], tokens: list, outputs: dict[str, RequestOutput]) -> list[Request]:
+        """Each sequence takes its token; one that finishes frees its KV at once. Returns the requests touched.
+
+        A token that is an exception (its row failed to sample) or outside the vocabulary, or a fault while it is
+        appended, detokenized or checked for stops, fails its request alone."""
         touched: dict[str, Request] = {}
+        vocab = self.model_config.vocab_size
         for seq, token in zip(seqs, tokens, strict=True):
-            reason = self.output_processor.append_token(seq, token)
+            request = self.requests.get(seq.request_id)
+            if request is None:
+                continue  # failed already (another of its sequences)
+            try:
+                stage = "sampling"
+                if isinstance(token, BaseException):
+                    raise token
+                if not valid_token(token, vocab):
+                    raise ValueError(f"sampled token {token!r} is outside the vocabulary [0, {vocab})")
+                stage = "detokenizing or checking stops for"
+                reason = self.output_processor.append_token(seq, token)
+            except Exception as e:  # noqa: BLE001 (this sequence's fault: its request alone fails)
+                touched.pop(seq.request_id, None)
+                self._fail(request, stage, e, outputs, time.monotonic())
+                continue
             if reason is not None:
                 seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
                 self.block_manager.free(seq.seq_id)
-            touched[seq.request_id] = self.requests[seq.request_id]
+            touched[seq.request_id] = request
         return list(touched.values())
 
     def _emit(self, touched: list[Request], outputs: dict[str, RequestOutput], now: float) -> None:
@@ -361,9 +345,11 @@ class Engine:
 
     def _finish_request(self, request: Request, outputs: dict[str, RequestOutput], now: float) -> None:
         request.finished_time = now
-        if request.first_text_time is None and all(s.finish_reason not in ("shed", "abort") for s in request.seqs):
+        if request.first_text_time is None and all(s.finish_reason not in ("shed", "abort", "error")
+                                                   for s in request.seqs):
             self._first_text(request, now)
-        if request.first_scheduled_time is not None and all(s.finish_reason != "abort" for s in request.seqs):
+        if request.first_scheduled_time is not None and all(s.finish_reason not in ("abort", "error")
+                                                            for s in request.seqs):
             self.admission.on_finished(now - request.first_scheduled_time)
         self.scheduler.remove(request)
         del self.requests[request.request_id]

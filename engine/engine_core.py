@@ -60,6 +60,8 @@ class OutputDelta:
     finished: bool
     timing: Timing | None
     num_cached_tokens: int
+    error: str | None = None
+    retry_after_s: int | None = None
 
 
 def api_error_fields(err: APIError) -> tuple:
@@ -99,7 +101,7 @@ class EngineCore:
         return OutputDelta(
             out.request_id, out.tier, out.prompt_token_ids if first else None,
             [ChoiceDelta(c.index, c.new_token_ids, c.new_text, c.finish_reason) for c in out.outputs],
-            out.finished, out.timing, out.num_cached_tokens,
+            out.finished, out.timing, out.num_cached_tokens, out.error, out.retry_after_s,
         )
 
     def _send_outputs(self, outs: list[RequestOutput]) -> None:  # engine thread

@@ -27,10 +27,11 @@ class CapacityExceededError(InvalidRequestError):
 class QueueFullError(EngineError):
     """The tier's bounded waiting queue is full: admission control rejects. HTTP 429."""
 
-    def __init__(self, tier: str, limit: int):
-        super().__init__(f"the {tier} queue is full ({limit} requests waiting); retry later")
+    def __init__(self, tier: str, limit: int, retry_after_s: int = 1):
+        super().__init__(f"the {tier} queue is full ({limit} requests waiting); retry in {retry_after_s} s")
         self.tier = tier
         self.limit = limit
+        self.retry_after_s = retry_after_s  # the engine's estimate of when its queue has room again
 
 
 class SLOUnattainableError(EngineError):

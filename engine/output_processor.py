@@ -109,4 +109,5 @@ def build_output(request: Request, finished: bool) -> RequestOutput:
                                             new_text, seq.finish_reason))
     return RequestOutput(request.request_id, request.tier, request.prompt_ids, completions, finished,
                          request_timing(request) if finished else None,
-                         request.seqs[0].num_cached_prefix if request.seqs else 0)
+                         request.seqs[0].num_cached_prefix if request.seqs else 0,
+                         request.error if finished else None, request.retry_after_s if finished else None)

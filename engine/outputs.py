@@ -39,7 +39,7 @@ class CompletionOutput:
     text: str  # detokenized so far, stop strings trimmed, incomplete UTF-8 held back
     new_token_ids: list[int]  # generated in this step
     new_text: str
-    finish_reason: str | None  # None while running, else "stop" | "length" | "abort"
+    finish_reason: str | None  # None while running, else "stop" | "length" | "abort" | "shed" | "error"
 
 
 @dataclass
@@ -51,6 +51,8 @@ class RequestOutput:
     finished: bool
     timing: Timing | None  # set once finished
     num_cached_tokens: int
+    error: str | None = None  # the engine failed this request (and no other): why, for its client
+    retry_after_s: int | None = None  # shed (429): when the engine expects room again
 
     @property
     def token_ids(self) -> list[int]:

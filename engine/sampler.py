@@ -1,11 +1,17 @@
-"""Picks each sequence's next token from its logits row: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Picks each sequence's next token from its logits row: greedy, temperature, top-k, min-p, top-p, per-request seeds.
+
+Safe at every edge the parameters allow: the likeliest token always survives the filters, a row whose weights are
+not a distribution (NaN, all zero) falls back to its greedy token, and every token returned is in the vocabulary.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
+from engine.logits_processors import apply_logits_processors
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
 
@@ -23,6 +29,9 @@ class Sampler:
         self.device = device
         self.eos_token_ids = eos_token_ids
         self._buffer: torch.Tensor | None = None
+        # Test-only: called with each sequence before a batch is sampled; raising fails that sequence's request
+        # alone (the engine samples the rows apart to find it: engine/step_faults.py).
+        self.fault_hook: Callable[[Sequence], None] | None = None
 
     def generator_for(self, params: SamplingParams, index: int) -> torch.Generator | None:
         """The random stream of completion `index` of a seeded request (None: the global one).
@@ -37,21 +46,16 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One token per row. Greedy rows are argmax; the others are drawn together (see _draw)."""
-        banned_rows = [(row, self._banned(seq)) for row, seq in enumerate(seqs)
-                       if seq.num_output_tokens < seq.params.min_tokens]
-        if any(banned for _, banned in banned_rows):
-            logits = logits.clone()
-            for row, banned in banned_rows:
-                if banned:
-                    logits[row, banned] = float("-inf")
+        if self.fault_hook is not None:
+            for seq in seqs:
+                self.fault_hook(seq)
+        logits = apply_logits_processors(logits, seqs, self.eos_token_ids)
         out = [0] * len(seqs)
         greedy = [row for row, seq in enumerate(seqs) if seq.params.greedy]
         drawn = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
         if greedy:
             part = logits if len(greedy) == len(seqs) else logits[greedy]
-            # max(dim).indices, the first maximal index as argmax's: argmax is the slower CPU kernel (1.10 vs 0.37
-            # ms for 25 rows of 32,000 words, bench/results/step-time.json)
-            for row, token in zip(greedy, part.max(dim=-1).indices.tolist(), strict=True):
+            for row, token in zip(greedy, _argmax(part).tolist(), strict=True):
                 out[row] = token
         if drawn:
             part = logits if len(drawn) == len(seqs) else logits[drawn]
@@ -65,11 +69,6 @@ class Sampler:
                 or self._buffer.device != like.device):
             self._buffer = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
         return self._buffer[: like.numel()].view(like.shape)
-
-    def _banned(self, seq: Sequence) -> list[int]:
-        """Too early to stop: end-of-sequence and stop tokens are not allowed yet."""
-        p = seq.params
-        return list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids)
 
     def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Temperature, top-k and top-p per row, then one uniform number per row through the row's CDF.
@@ -91,20 +90,37 @@ class Sampler:
             part = scores[rows]
             kth = torch.topk(part, min(k, part.shape[1]), dim=-1).values[:, -1:]
             scores[rows] = part.masked_fill(part < kth, float("-inf"))
-        weights = scores.exp_()  # unnormalised: the search scales its uniform number by each row's total instead
+        weights = scores.exp_()  # unnormalised (the likeliest token weighs 1): the search scales by each row's total
+        for p in {s.params.min_p for s in seqs if s.params.min_p > 0}:
+            rows = [i for i, s in enumerate(seqs) if s.params.min_p == p]
+            part = weights[rows]
+            weights[rows] = part.masked_fill(part < p * part.amax(dim=-1, keepdim=True), 0.0)
         for i, s in enumerate(seqs):
             if s.params.top_p < 1.0:  # a full sort: only the rows that ask for it
                 probs = weights[i] / weights[i].sum()
                 sorted_probs, order = probs.sort(descending=True)
                 # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
                 drop = sorted_probs.cumsum(-1) - sorted_probs >= s.params.top_p
+                drop[0] = False  # a top_p below float32's smallest number rounds to 0 and would drop it too
                 sorted_probs[drop] = 0.0
                 weights[i] = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         uniform = torch.rand(len(seqs), dtype=weights.dtype, device=weights.device)
         for i, s in enumerate(seqs):
             if s.generator is not None:
                 uniform[i] = torch.rand(1, generator=s.generator, dtype=weights.dtype, device=weights.device)
-        return inverse_cdf(weights, uniform).tolist()
+        tokens = inverse_cdf(weights, uniform)
+        total = weights.sum(dim=-1)
+        broken = ~torch.isfinite(total) | (total <= 0)  # not a distribution (NaN logits): the greedy token instead
+        if bool(broken.any()):
+            tokens = torch.where(broken, _argmax(logits), tokens)
+        return tokens.tolist()
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximal index, as argmax's: max(dim).indices, argmax being the slower CPU kernel (1.10 vs
+    0.37 ms for 25 rows of 32,000 words, bench/results/step-time.json). A row of NaN gives a NaN's index, still a
+    token of the vocabulary."""
+    return logits.max(dim=-1).indices
 
 
 def _block_size(vocab: int) -> int:

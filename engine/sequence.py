@@ -82,6 +82,10 @@ class Request:
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # arrival of each step's tokens
     sheddable: bool = True  # SLO-aware admission may shed it while queued (not offline work: generate())
+    parent_id: str | None = None  # one of the n children of a request too wide for the batch (engine/fanout.py)
+    child_index: int = 0  # which of the parent's n completions this child is (its sequence's index)
+    error: str | None = None  # why the engine failed it (finish_reason "error"), for its client only
+    retry_after_s: int | None = None  # shed: when the engine expects room for it again
 
     @property
     def is_finished(self) -> bool:

@@ -14,8 +14,8 @@ from engine.config import TIERS, EngineConfig
 SWITCH_INTERVAL_MS = 0.5  # the server process's GIL switch interval (Python's default: 5 ms)
 
 
-def _tier_limits(text: str) -> dict[str, int]:
-    """`premium=8,standard=16,basic=32` or a JSON object (what scenario files pass): a number per tier."""
+def _tier_pairs(text: str) -> list[tuple[str, Any]]:
+    """`tier=value,...` or a JSON object: (tier, value) pairs, tiers checked."""
     text = text.strip()
     if text.startswith("{"):
         try:
@@ -29,10 +29,16 @@ def _tier_limits(text: str) -> dict[str, int]:
             if not sep:
                 raise argparse.ArgumentTypeError(f"expected tier=N pairs, got {part!r}")
             pairs.append((tier.strip(), value.strip()))
-    limits = {}
-    for tier, value in pairs:
+    for tier, _ in pairs:
         if tier not in TIERS:
             raise argparse.ArgumentTypeError(f"unknown tier {tier!r}; tiers are {', '.join(TIERS)}")
+    return pairs
+
+
+def _tier_limits(text: str) -> dict[str, int]:
+    """`premium=8,standard=16,basic=32` or a JSON object (what scenario files pass): a number per tier."""
+    limits = {}
+    for tier, value in _tier_pairs(text):
         try:
             limits[tier] = int(value)
         except (TypeError, ValueError):
@@ -40,6 +46,22 @@ def _tier_limits(text: str) -> dict[str, int]:
         if limits[tier] < 0:
             raise argparse.ArgumentTypeError(f"{tier}: the limit must be non-negative")
     return limits
+
+
+def _tier_bounds(text: str) -> dict[str, float | None]:
+    """`basic=60,premium=null` or a JSON object: positive seconds per tier, or null / none (unbounded)."""
+    bounds: dict[str, float | None] = {}
+    for tier, value in _tier_pairs(text):
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
+            bounds[tier] = None
+            continue
+        try:
+            bounds[tier] = float(value)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{tier}: {value!r} is not a number of seconds or null") from None
+        if not bounds[tier] > 0:
+            raise argparse.ArgumentTypeError(f"{tier}: the bound must be positive seconds (or null: unbounded)")
+    return bounds
 
 
 _ENGINE_HELP = {
@@ -76,6 +98,9 @@ _ENGINE_HELP = {
     "decode_graphs": "decode steps on static, padded buffers replayed from CUDA graphs, batch sizes 1, 2, 4, 8, 16, "
                      "... up to --max-num-seqs: auto (default) captures them on CUDA with the Triton kernel; eager "
                      "runs the padded path uncaptured (any device); off",
+    "tier_max_queue_s": "the longest a request of each tier waits unstarted before it is answered 429 with "
+                        "Retry-After, in seconds: premium=S,standard=S,basic=S (or JSON; null: unbounded). "
+                        "Default 60 each (a common client timeout)",
     "admission_target_frac": "--admission slo admits while the estimated TTFT stays within this share of the "
                              "promise (the rest is for HTTP, network and client; default 0.8)",
 }
@@ -134,7 +159,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         if tp is bool:
             group.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction, help=help_)
         elif tp is dict:
-            group.add_argument(flag, dest=name, default=None, type=_tier_limits, help=help_)
+            parse = _tier_bounds if name == "tier_max_queue_s" else _tier_limits
+            group.add_argument(flag, dest=name, default=None, type=parse, help=help_)
         elif name == "admission":
             group.add_argument(flag, dest=name, default=None, choices=["slo", "queue-length"], help=help_)
         elif name == "decode_graphs":
@@ -159,7 +185,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         value = getattr(args, name, None)
         if value is not None:
             kwargs[name] = value
-    for name in ("max_waiting_per_tier", "tier_ttft_slo_ms"):  # a flag naming some tiers keeps the others' defaults
+    # a flag naming some tiers keeps the others' defaults
+    for name in ("max_waiting_per_tier", "tier_ttft_slo_ms", "tier_max_queue_s"):
         if name in kwargs:
             kwargs[name] = {**getattr(EngineConfig(), name), **kwargs[name]}
     return EngineConfig(**kwargs)

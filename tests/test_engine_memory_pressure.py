@@ -82,12 +82,14 @@ def test_n4_request_after_recompute_does_not_hang_the_step():
     # Before: n = 4 on 5 blocks of 16 with a 37-token prompt. Re-admitted after recompute, only its first
     # sequence's KV was checked; a later one preempted the request itself, its budget came back and
     # `while queue and budget > 0` picked it again, for ever. It cannot fit at all (each of the 4 needs its
-    # own copy of the shared partial block: 2 + 4 blocks), so it is refused now; one that fits runs.
+    # own copy of the shared partial block: 2 + 4 blocks), so its 4 completions run as 4 children of one
+    # sequence each (engine/fanout.py), one at a time here; one that fits whole runs whole.
     prompt = random_prompts([37], 3)[0]
-    engine = make_engine(num_kv_blocks=5, block_size=16, num_host_blocks=0, rebatch_interval=1)
-    with pytest.raises(CapacityExceededError, match="needs up to 6 KV-cache blocks of 16 tokens"):
-        engine.add_request(prompt, greedy(4, 8))
     expected = run(make_engine(), [(prompt, greedy(4, 8)), (prompt[:20], greedy(1, 30))])
+    engine = make_engine(num_kv_blocks=5, block_size=16, num_host_blocks=0, rebatch_interval=1)
+    assert run(engine, [(prompt, greedy(4, 8))], max_steps=400) == expected[:1]
+    with pytest.raises(CapacityExceededError, match="needs up to 7 KV-cache blocks of 16 tokens"):
+        engine.add_request(prompt * 3, greedy(4, 1))  # not even one child fits: 111 + 1 tokens
     engine = make_engine(num_kv_blocks=6, block_size=16, num_host_blocks=0, rebatch_interval=1)
     assert run(engine, [(prompt, greedy(4, 8)), (prompt[:20], greedy(1, 30))], max_steps=400) == expected
     assert engine.stats().num_preemptions > 0
@@ -125,14 +127,17 @@ def test_a_request_that_can_never_fit_is_refused_up_front():
     with pytest.raises(CapacityExceededError, match="KV cache has only 10") as e:
         engine.add_request(list(range(100)), greedy(1, 100))  # 199 slots: 13 blocks
     assert e.value.param == "max_tokens"
-    with pytest.raises(CapacityExceededError, match="batch slots") as e:
-        engine.add_request([1, 2, 3], greedy(5, 4))
+    wide = engine.add_request([1, 2, 3], greedy(5, 4))  # n above the slots: five children queue for them
+    assert engine.fanout.children_ids(wide) == [f"{wide}#{i}" for i in range(5)]
+    none = make_engine(num_kv_blocks=10, block_size=16, max_num_seqs=2, premium_reserved_slots=2)
+    with pytest.raises(CapacityExceededError, match="batch slots") as e:  # a tier without any slot
+        none.add_request([1, 2, 3], greedy(1, 4))
     assert e.value.param == "n"
     reserved = make_engine(num_kv_blocks=10, block_size=16, premium_reserved_kv_frac=0.5)
     with pytest.raises(CapacityExceededError, match="5 the standard tier may use"):
         reserved.add_request(list(range(60)), greedy(1, 40))  # 99 slots: 7 blocks
     reserved.add_request(list(range(60)), greedy(1, 40), tier="premium")  # premium may use all 10
-    assert not engine.has_unfinished_requests() and engine.stats().admission_rejections["standard"] == 0
+    assert engine.stats().admission_rejections["standard"] == 0
 
 
 def test_premium_reservation_holds_for_later_chunks_growth_and_swap_ins():
