@@ -3,7 +3,7 @@
     .venv/bin/python bench/experiments_bench.py [NAME ...] [--reduced] [--out bench/results]
 
 Writes bench/results/experiments.json and experiments.html (about a minute per experiment on the 2-core
-machine, under 15 minutes in all). The README's "Experiments" table is read from the JSON.
+machine, under 15 minutes in all). docs/validation.md's "Experiments" table is read from the JSON.
 """
 
 from __future__ import annotations

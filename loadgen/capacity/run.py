@@ -105,7 +105,7 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan,
         conc = d.get("concurrency_measured")
     spec = rate * (1.0 - plan.headroom) if rate is not None else None
     # how long the deciding windows were: near a wide knee a longer window fails at a lower load, so a
-    # rating holds for windows of this length (README, "Longer steps rate lower")
+    # rating holds for windows of this length (docs/validation.md, "Capacity search: the embedded engine")
     spans = [w[1] - w[0] for x in details if isinstance(w := x.get("window_s"), (list, tuple)) and len(w) == 2]
     out = {
         "rate_rps": rate, "requested_rps": requested, "window_s": percentile(spans, 50),

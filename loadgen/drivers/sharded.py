@@ -1,6 +1,6 @@
 """The sharded replayer: the aiohttp replayer in N worker processes, one shard of the schedule each.
 
-One Python process streams about 400 req/s (README, "Measured"); past that the schedule is split
+One Python process streams about 400 req/s (docs/validation.md, "Client accuracy"); past that the schedule is split
 round-robin (``specs[i::N]``; a conversation with real history stays whole in one shard,
 ``drivers.conversations.shard``) over N processes that share one clock (``time.monotonic`` is
 system-wide) and one ``t0``, so their requests interleave as the single schedule says. Each finished

@@ -12,7 +12,7 @@ even spacing. After the last mark the process runs free. Why: a drawn Poisson co
 55 req/s is off by 3.4 % (sd: 1 / sqrt(880)), and a capacity search that reports the offered rate carries
 that noise into its rating. The price: a window whose count cannot run high misses some of the bursts that
 make a Poisson p99, so it passes at loads a free process would fail (``search.window_counts``, off by default;
-what it changes is measured in the README).
+what it changes is measured in docs/validation.md).
 """
 
 from __future__ import annotations
