@@ -10,8 +10,10 @@ the rated load and for ``--overload-s`` at ``--factor`` x that load, and reports
 - p99 TTFT of the accepted premium and standard requests — goals <= 300 ms and <= 800 ms;
 - goodput: requests per second that succeeded and met their tier's promise (basic: succeeded) — goal:
   at the overload, at least 90 % of the goodput at the rated load;
-- 429s per tier and their Retry-After; the server's RSS before and after, and its KV usage once idle
-  (goal: back to 0).
+- 429s per tier, by kind, and their Retry-After; the server's RSS before and after, and its KV usage once
+  idle (goal: back to 0);
+- basic (no promise): its longest wait, to its first token or to its 429, within its bound (the engine's
+  ``tier_max_queue_s``, 60 s by default).
 
     .venv/bin/python bench/overload_bench.py --json bench/results/overload.json
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,6 +38,7 @@ from loadgen.target.embedded import EmbeddedEngine  # noqa: E402
 from loadgen.target.scrape import scrape_once  # noqa: E402
 
 PROMISE_MS = {"premium": 300.0, "standard": 800.0}
+MAX_QUEUE_S = {"premium": 60.0, "standard": 60.0, "basic": 60.0}  # the engine's default tier_max_queue_s
 MIX = {"premium": 1, "standard": 6, "basic": 3}
 SCENARIO = """name: overload
 workload:
@@ -110,6 +114,24 @@ def ttft_parts(ok: list[dict]) -> dict:
     return {name: {f"p{k}": latency.percentile(v, k) for k in (50, 90, 99)} for name, v in parts.items()}
 
 
+def rejections(rs: list[dict]) -> dict:
+    """A tier's 429s: how many of each kind (the engine's code, read from its message), the Retry-After each
+    carried (the message states the header's value), and the longest a client waited for one."""
+    rejected = [x for x in rs if x["status"] == "rejected"]
+    kinds: dict[str, int] = {}
+    for x in rejected:
+        text = x.get("error") or ""
+        kind = ("queue_timeout" if "longest queue wait" in text else "shed_past_promise" if "held this request" in text
+                else "queue_full" if "queue is full" in text else "slo_unattainable" if "would delay" in text
+                else "other")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    retry = [int(m.group(1)) for x in rejected if (m := re.search(r"retry in (\d+) s", x.get("error") or ""))]
+    waits = [(x["done_s"] - x["scheduled_s"]) * 1e3 for x in rejected if x.get("done_s") is not None]
+    return {"by_kind": kinds, "with_retry_after": len(retry),
+            "retry_after_s": {"min": min(retry), "max": max(retry)} if retry else None,
+            "longest_wait_to_429_ms": max(waits) if waits else None}
+
+
 def load_run(url: str, rate: float, duration: float, out: Path) -> dict:
     scn = out.with_suffix(".yaml")
     scn.write_text(SCENARIO.format(rate=rate, duration=duration, **MIX))
@@ -136,6 +158,7 @@ def load_run(url: str, rate: float, duration: float, out: Path) -> dict:
         res["tiers"][tier] = {"requests": len(rs), "accepted_ok": len(ok),
                               "rejected_429": sum(1 for x in rs if x["status"] == "rejected"),
                               "p50_ttft_ms": latency.percentile(ttft, 50), "p99_ttft_ms": latency.percentile(ttft, 99),
+                              "max_ttft_ms": max(ttft) if ttft else None, "rejections": rejections(rs),
                               "promise_ms": promise, "met_promise": len(met), "ttft_parts_ms": ttft_parts(ok)}
     res["goodput_rps"] = good / span if span > 0 else None
     retry = [x["error"] for x in recs if x["status"] == "rejected"][:3]
@@ -158,7 +181,7 @@ def main() -> int:
     for kv in args.engine_opt:
         k, _, v = kv.partition("=")
         opts[k] = v
-    out: dict = {"engine": opts, "mix": MIX, "promises_ms": PROMISE_MS}
+    out: dict = {"engine": opts, "mix": MIX, "promises_ms": PROMISE_MS, "max_queue_s": MAX_QUEUE_S}
     with tempfile.TemporaryDirectory() as tmp:
         d = args.workdir or Path(tmp)
         d.mkdir(parents=True, exist_ok=True)
@@ -185,6 +208,12 @@ def main() -> int:
         "standard_p99_le_800": (o["tiers"]["standard"]["p99_ttft_ms"] or 0) <= 800,
         "goodput_ge_90pct": out["goodput_ratio"] is not None and out["goodput_ratio"] >= 0.9,
         "kv_back_to_0": out["kv_after_overload"] in (0, 0.0),
+        # basic has no promise: its longest wait, to a first token or to a 429, within its bound
+        "basic_wait_within_bound": max(o["tiers"]["basic"]["max_ttft_ms"] or 0,
+                                       o["tiers"]["basic"]["rejections"]["longest_wait_to_429_ms"] or 0)
+        <= MAX_QUEUE_S["basic"] * 1e3,
+        "every_429_has_retry_after": all(t["rejections"]["with_retry_after"] == t["rejected_429"]
+                                         for r in (a, o) for t in r["tiers"].values()),
     }
     for name, r in (("rated", a), ("overload", o)):
         t = r["tiers"]

@@ -4,13 +4,18 @@ for slots; every tier's queue wait is bounded (engine/step_faults.py, engine/fan
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+import urllib.request
 
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.api_errors import engine_failed_error, shed_error
 from engine.errors import CapacityExceededError
+from engine.testing import BackgroundServer
+from tests.helpers import post_json
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -208,3 +213,35 @@ def test_a_tier_waits_no_longer_than_its_bound_then_gets_retry_after():
     assert unbounded in engine.requests, "a tier whose bound is None waits on"
     assert engine.num_shed["basic"] == 1 and engine.admission_rejections["basic"] == 1
     engine.check_integrity()
+
+
+def sse_events(url: str, body: dict) -> list[dict]:
+    req = urllib.request.Request(url + "/v1/completions", json.dumps({**body, "stream": True}).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (loopback)
+        lines = [raw.decode().strip() for raw in resp]
+    assert lines[-1] == "data: [DONE]" or lines[-2:] == ["data: [DONE]", ""]
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+def test_over_http_the_failed_request_gets_its_own_error_event_and_its_neighbour_streams_on():
+    engine = make_engine()
+    victim = [9, 8, 7, 6, 5]
+    engine.sampler.fault_hook = lambda seq: (_ for _ in ()).throw(RuntimeError("injected")) if (
+        seq.token_ids[:5] == victim and seq.num_output_tokens == 2) else None
+    neighbour = {"prompt": [1, 2, 3, 4], "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+    with BackgroundServer(engine) as srv:
+        alone = "".join(e["choices"][0]["text"] for e in sse_events(srv.url, neighbour))
+        results: dict[str, list[dict]] = {}
+        thread = threading.Thread(target=lambda: results.update(n=sse_events(srv.url, neighbour)))
+        thread.start()
+        events = sse_events(srv.url, {"prompt": victim, "max_tokens": 20, "temperature": 0, "ignore_eos": True})
+        thread.join(60)
+        status, raw = post_json(srv.url + "/v1/completions", {"prompt": victim, "max_tokens": 20, "temperature": 0})
+        srv.call(engine.check_integrity)
+        assert srv.call(lambda: engine.block_manager.stats().used_blocks) == 0
+    error = events[-1]["error"]
+    assert error["code"] == "engine_error" and error["type"] == "server_error" and "sampling" in error["message"]
+    assert status == 500 and json.loads(raw)["error"]["code"] == "engine_error"  # whole: a 500 of its own
+    assert "".join(e["choices"][0]["text"] for e in results["n"]) == alone
+    assert all("error" not in e for e in results["n"])
