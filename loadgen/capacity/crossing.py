@@ -14,6 +14,9 @@ windows are of it: the fits and the interval behind ``capacity.rating``.
   then the one over every window, then the isotonic crossing (``fit``: ``logistic`` or ``isotonic``;
   ``fit_windows``). When every step passes (or fails) the crossing lies outside the loads tried: the estimate is
   the highest (lowest) load tried, and ``open`` says ``"above"`` (``"below"``).
+- **A mean SLO** (``margin_crossing``) has no share over a threshold: its crossing is where the isotonic
+  fit of each window's log(mean / threshold) against load crosses 0, interpolated between the neighbouring
+  loads; no logistic fit, no profile interval.
 - **The interval: profile quasi-likelihood.** The local logistic fit, written with the crossing c as its
   parameter (logit P(over) = logit(1 - q) + b (log load - log c)), gives a deviance for every c (the slope
   refitted); c is inside the interval while the deviance's rise over its minimum, divided by the windows'
@@ -73,6 +76,24 @@ def exceedance_crossing(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: f
         return float(ux[0]), "below"
     j = int(np.argmax(g > level))
     t = (level - g[j - 1]) / (g[j] - g[j - 1])
+    return float(math.exp(math.log(ux[j - 1]) + t * (math.log(ux[j]) - math.log(ux[j - 1])))), None
+
+
+def margin_crossing(x: np.ndarray, logm: np.ndarray, n: np.ndarray) -> tuple[float, str | None]:
+    """A mean SLO's crossing: where the isotonic fit of log(mean / threshold) (pooled per load, weighted by
+    requests) first rises over 0, interpolated linearly in log load between the last load at or under it
+    and the first over it; the highest / lowest load and ``"above"`` / ``"below"`` when it does not cross
+    within the loads. A mean has no share of requests over a threshold, so no logistic fit and no profile
+    interval: its interval is the rating's bootstrap of the windows."""
+    ux, inv = np.unique(x, return_inverse=True)
+    w = np.bincount(inv, n, len(ux))
+    g = isotonic(np.bincount(inv, logm * n, len(ux)) / np.maximum(w, 1e-12), w)
+    if g[-1] <= 0.0:
+        return float(ux[-1]), "above"
+    if g[0] > 0.0:
+        return float(ux[0]), "below"
+    j = int(np.argmax(g > 0.0))
+    t = -g[j - 1] / (g[j] - g[j - 1])
     return float(math.exp(math.log(ux[j - 1]) + t * (math.log(ux[j]) - math.log(ux[j - 1])))), None
 
 

@@ -5,8 +5,10 @@ looks at the step's records so far: finished ones and those in flight (``latency
 request still waiting the time it has waited, a lower bound). A step is decided by
 
 - **certain breach** (open loop only, where the window's requests are known in advance): a tier's SLO
-  quantile over what is known, every request still to come at 0 ms, is already over its threshold. No
-  error: the whole window could not pass. A queue that keeps growing trips it within a second or two.
+  quantile over what is known, every request still to come at 0 ms, is already over its threshold (a mean
+  SLO: the sum of what is known over the planned count: values are at least 0 ms, so those to come can only
+  add to it; one failed request, inf, is a certain breach). No error: the whole window could not pass. A
+  queue that keeps growing trips it within a second or two.
 - **confidence**: the sequential test of ``results.sequential`` on each tier's SLO, over the *settled*
   requests (scheduled at least a threshold ago, so their outcome against it is known): a breach when the
   count over the threshold crosses the upper boundary (one SLO is enough: the step fails), a pass when
@@ -18,17 +20,23 @@ request still waiting the time it has waited, a lower bound). A step is decided 
   The pass side counts every exceedance against the *effective* sample size (``effective_n``: the
   settled requests discounted by their lag-1 autocorrelation, for the same reason: a window can miss a
   queue's slow stretches); a p99 needs some 300 independent settled requests before it can pass so.
+  A mean SLO has no sequential test (the test is of a quantile's share of requests over the threshold, a
+  binomial count; a mean has no such count), so a step of a plan with a mean SLO never passes by
+  confidence: it passes clearly, or at its cap; it breaks by a certain breach or at its cap (or by a
+  quantile SLO's test).
 - **clear pass** (ramp steps only, ``early_pass``, after ``min_window_s`` of the window): every SLO's
-  quantile, over at least ``CLEAR_PASS_MIN`` settled requests of all tiers pooled (and as many effective
-  ones, ``effective_n``), is under ``pass_margin`` x its threshold. A heuristic, *not* error-bounded (far
-  below the knee there is nothing more to learn; the bench gives its false-pass rate at the threshold);
-  bisection steps, near the knee, never use it.
+  quantile (a mean SLO: its mean), over at least ``CLEAR_PASS_MIN`` settled requests of all tiers pooled
+  (and as many effective ones, ``effective_n``), is under ``pass_margin`` x its threshold. A heuristic,
+  *not* error-bounded (far below the knee there is nothing more to learn; the bench gives its false-pass
+  rate at the threshold); bisection steps, near the knee, never use it.
 - **cap**: none of these by the step's length: the point estimate on the whole window judges, and the
   step says it was undecided. The length is ``step_duration_s``, or for a bisection or confirming step
   longer (``step_length_s``, up to
   ``max_step_duration_s``) until the window holds ``min_samples`` planned requests of every judged tier
-  (default 1 / (1 - quantile): 100 for a p99). Fewer would make the judged "p99" a lower quantile (of 40
-  requests, their maximum: some p97.5) and rate a load too high; the runs it decides are the slow ones.
+  (default 1 / (1 - quantile): 100 for a p99; ``MEAN_MIN_SAMPLES``, 30, for a tier whose SLOs are all
+  means: enough for the mean of a window's values to settle near its expectation). Fewer would make the
+  judged "p99" a lower quantile (of 40 requests, their maximum: some p97.5) and rate a load too high; the
+  runs it decides are the slow ones.
 """
 
 from __future__ import annotations
@@ -44,15 +52,19 @@ from loadgen.capacity.plan import CapacityPlan
 from loadgen.results import latency
 from loadgen.results.records import RequestRecord
 from loadgen.results.sequential import SequentialTest, clusters, effective_n
-from loadgen.results.slo import breach_certain
+from loadgen.results.slo import breach_certain, mean_of
 
 CLEAR_PASS_MIN = 30  # settled requests before a step may pass early
+MEAN_MIN_SAMPLES = 30  # a window's requests for a tier whose SLOs are all means
 
 
 def min_samples(plan: CapacityPlan, tier: str) -> int:
     """The planned requests of ``tier`` a step's window should hold (0: no rule)."""
     if plan.step.min_samples is not None:
         return plan.step.min_samples
+    slos = plan.slos.get(tier, [])
+    if slos and all(s.is_mean for s in slos):
+        return MEAN_MIN_SAMPLES
     return math.ceil(1.0 / (1.0 - plan.quantile(tier)) - 1e-9)
 
 
@@ -94,7 +106,8 @@ class StepLooks:
         self.plan, self.w0, self.w1, self.planned, self.phase = plan, w0, w1, planned, phase
         self.horizon = max(s.threshold_ms for ss in plan.slos.values() for s in ss) / 1000.0
         opts = plan.step
-        keys = [(tier, slo) for tier, slos in plan.slos.items() for slo in slos]
+        keys = [(tier, slo) for tier, slos in plan.slos.items() for slo in slos if not slo.is_mean]
+        self.has_mean = any(slo.is_mean for slos in plan.slos.values() for slo in slos)  # no confidence pass
         self.tests = {(tier, slo.metric): SequentialTest(slo.quantile, opts.alpha, opts.alpha_spending)
                       for tier, slo in keys}  # the breach side
         self.pass_tests = {(tier, slo.metric): SequentialTest(slo.quantile, opts.alpha, opts.alpha_spending)
@@ -123,7 +136,7 @@ class StepLooks:
             for slo in slos:
                 vals = np.asarray([latency.slo_value(r, slo.metric, t) for r in rs], dtype=float)
                 known = ~np.isnan(vals)
-                what = f"{tier} p{100 * slo.quantile:g} {slo.metric[:-3].upper()} over {slo.threshold_ms:g} ms"
+                what = f"{tier} {slo.label} {slo.metric[:-3].upper()} over {slo.threshold_ms:g} ms"
                 if breach is None and not plan.closed and not final and rs and breach_certain(
                         vals[known], self.planned.get(tier, 0), slo):
                     n_over = int((vals[known] > slo.threshold_ms).sum())
@@ -135,6 +148,8 @@ class StepLooks:
                 n, over = int(settled.sum()), int(flags.sum())
                 events = clusters(flags, plan.step.decluster_run)
                 self.samples.setdefault(tier, {})[slo.metric] = n
+                if slo.is_mean:  # no sequential test of a mean (see the module's docstring)
+                    continue
                 test, ptest = self.tests[(tier, slo.metric)], self.pass_tests[(tier, slo.metric)]
                 if ptest.decision is None:
                     ptest.look(frac, effective_n(np.minimum(ordered, 1e300)), over, breach_side=False)
@@ -145,7 +160,7 @@ class StepLooks:
         if breach is not None:
             breach.samples = self.copy_samples()
             return breach
-        if self.pass_tests and all(ts.decision == "pass" for ts in self.pass_tests.values()):
+        if self.pass_tests and not self.has_mean and all(ts.decision == "pass" for ts in self.pass_tests.values()):
             return Decision("pass", "confidence", "every SLO within its threshold past the sequential boundary "
                             f"(alpha {plan.step.alpha:g})", self.copy_samples())
         if final or not (plan.step.early_pass and self.phase == "ramp" and t >= self.w0 + min_window_s(plan)):
@@ -171,9 +186,10 @@ def clear_pass_reason(plan: CapacityPlan, records: Sequence[RequestRecord], w0: 
             v = latency.slo_values(settled, slo.metric, t)
             if v.size < CLEAR_PASS_MIN or effective_n(v) < CLEAR_PASS_MIN:  # a queue's latencies move together
                 return None
-            ratio = latency.quantile(v, slo.quantile) / slo.threshold_ms
+            ratio = (mean_of(v) if slo.is_mean else latency.quantile(v, slo.quantile)) / slo.threshold_ms
             if not ratio <= margin:
                 return None
             worst = max(worst, ratio)
-    return (f"clear pass: every SLO quantile at most {100 * worst:.0f}% of its threshold over "
+    judged = "quantile" if not any(s.is_mean for ss in plan.slos.values() for s in ss) else "quantile or mean"
+    return (f"clear pass: every SLO {judged} at most {100 * worst:.0f}% of its threshold over "
             f"{len(settled)} settled requests (all tiers pooled)")

@@ -57,6 +57,7 @@ class CapacityPlan:
 
     def quantile(self, tier: str) -> float:
         """The tier's highest judged quantile (its SLOs may each have their own), which decides how many
-        requests a step's window needs; the tier's (or the search's) quantile for a tier with no SLO."""
-        qs = [s.quantile for s in self.slos.get(tier, [])]
+        requests a step's window needs; the tier's (or the search's) quantile for a tier with no quantile
+        SLO (none, or only mean ones)."""
+        qs = [s.quantile for s in self.slos.get(tier, []) if not s.is_mean]
         return max(qs) if qs else self.scenario.tier_quantiles.get(tier, self.step.quantile)

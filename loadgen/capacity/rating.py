@@ -38,6 +38,14 @@ own arrival draw (``search.arrivals: fresh``); the steps together say more than 
   ``CLIFF_RATIO`` (1.10: the SLO goes from 20 % spare to 20 % over within 10 % more load), ``"gradual"``
   otherwise.
 
+- **Mean SLOs** (``statistic: mean``) have no share of requests over a threshold: each counted window
+  gives its margin, mean / threshold, and the SLO's crossing is where the isotonic fit of log margin
+  against load crosses 0 (margin 1), interpolated linearly in log load between the neighbouring loads
+  (``crossing.margin_crossing``). It joins the lowest crossing like any other SLO (``binding`` may name
+  it; its ``crossings`` entry says ``statistic: mean``). It has no profile interval, so where it is the
+  lowest crossing, or crosses below every profiled SLO's upper end, the bootstrap of the windows stands
+  (each replicate refits its margins too).
+
 The rating itself stays the search's pass end (``rate_rps`` in ``capacity.run``); the estimate and its
 interval are what the gate compares (``gate.rules`` ``within_intervals``).
 """
@@ -50,7 +58,14 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.capacity.crossing import NEIGHBOURHOOD, isotonic, profile_interval, slo_crossing, t_quantile
+from loadgen.capacity.crossing import (
+    NEIGHBOURHOOD,
+    isotonic,
+    margin_crossing,
+    profile_interval,
+    slo_crossing,
+    t_quantile,
+)
 from loadgen.results import latency
 
 MARGIN_CAP = 10.0  # a margin above this (a quantile on a failed request: inf) counts as this
@@ -129,20 +144,32 @@ def _margin(q_ms: float | None, threshold: float) -> float:
 def estimate(steps: Iterable[Mapping[str, Any]], axis: str = "rate") -> float | None:
     """The estimate alone (no interval): where the search's refine windows go next. None when no step
     judged an SLO or the steps do not cross it (an open end)."""
-    arrays, level = _exceedances(steps, axis)
-    if not arrays:
+    arrays, level, means = _series(steps, axis)
+    if not arrays and not means:
         return None
-    est = [slo_crossing(a[:, 1], a[:, 2], a[:, 3], level[k]) for k, a in arrays.items()]
-    value, open_end, _k = min(est, key=lambda e: e[0])
+    value, open_end, _k = min(_crossings(arrays, level, means).values(), key=lambda e: e[0])
     return None if open_end else value
 
 
-def _exceedances(steps: Iterable[Mapping[str, Any]], axis: str
-                 ) -> tuple[dict[tuple[str, str], np.ndarray], dict[tuple[str, str], float]]:
-    """Per judged SLO (tier, metric), the counted steps' rows (column, load, over, n, log margin, runs of
-    exceedances: NaN where the summary does not count them) sorted by load, and the SLO's level (1 -
-    quantile)."""
+Series = dict[tuple[str, str], np.ndarray]
+
+
+def _crossings(arrays: Series, level: Mapping[tuple[str, str], float], means: Series
+               ) -> dict[tuple[str, str], tuple[float, str | None, int]]:
+    """Each SLO's (crossing, open end, logistic fit's windows): the quantile SLOs' first, then the means'."""
+    est = {k: slo_crossing(a[:, 1], a[:, 2], a[:, 3], level[k]) for k, a in arrays.items()}
+    for k, a in means.items():
+        c, open_end = margin_crossing(a[:, 1], a[:, 4], a[:, 3])
+        est[k] = (c, open_end, 0)
+    return est
+
+
+def _series(steps: Iterable[Mapping[str, Any]], axis: str) -> tuple[Series, dict[tuple[str, str], float], Series]:
+    """Per judged quantile SLO (tier, metric), the counted steps' rows (column, load, over, n, log margin,
+    runs of exceedances: NaN where the summary does not count them) sorted by load, and the SLO's level
+    (1 - quantile); per mean SLO, its rows in the same columns (over and runs NaN)."""
     pts: dict[tuple[str, str], list[tuple[int, float, float, float, float, float]]] = {}
+    mean_pts: dict[tuple[str, str], list[tuple[int, float, float, float, float, float]]] = {}
     level: dict[tuple[str, str], float] = {}
     cols = 0
     for st in steps:
@@ -157,6 +184,11 @@ def _exceedances(steps: Iterable[Mapping[str, Any]], axis: str
                 n, thr = _num(j.get("n")), _num(j.get("threshold_ms"))
                 if not n or not thr:
                     continue
+                if j.get("statistic") == "mean":
+                    m = _margin(j.get("value_ms_q"), thr)
+                    mean_pts.setdefault((tier, metric), []).append((cols, x, math.nan, n, math.log(m), math.nan))
+                    used = True
+                    continue
                 over = _num(j.get("over"))
                 if over is None:  # a summary from before steps counted their exceedances
                     continue
@@ -167,7 +199,10 @@ def _exceedances(steps: Iterable[Mapping[str, Any]], axis: str
                                                            math.nan if runs is None else runs))
                 used = True
         cols += used
-    return {k: np.asarray(sorted(v, key=lambda r: r[1]), dtype=float) for k, v in pts.items()}, level
+    def rows(p: dict) -> Series:
+        return {k: np.asarray(sorted(v, key=lambda r: r[1]), dtype=float) for k, v in p.items()}
+
+    return rows(pts), level, rows(mean_pts)
 
 
 def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: float = 0.95,
@@ -177,11 +212,11 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: 
     judged an SLO. ``interval="bootstrap"`` skips the profile interval (to compare the two on one run)."""
     if interval not in ("profile", "bootstrap"):
         raise ValueError(f"interval must be 'profile' or 'bootstrap', got {interval!r}")
-    arrays, level = _exceedances(steps, axis)
-    if not arrays:
+    arrays, level, means = _series(steps, axis)
+    if not arrays and not means:
         return None
-    cols = len(_window_loads(arrays))
-    est = {k: slo_crossing(a[:, 1], a[:, 2], a[:, 3], level[k]) for k, a in arrays.items()}
+    cols = len(_window_loads({**arrays, **means}))
+    est = _crossings(arrays, level, means)
     binding = min(est, key=lambda k: est[k][0])
     value, open_end, k_fit = est[binding]
     profiles = {k: profile_interval(a[:, 1], a[:, 2], a[:, 3], level[k], est[k][0], confidence, runs=a[:, 5])
@@ -190,13 +225,13 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: 
     top = min((p[1] for p in stood.values()), default=None)
     # the interval of the lowest crossing: each end's lowest over the SLOs with a profile; an SLO without
     # one (no logistic fit, or open above) may be left out only where it crosses above all their ends
-    if top is not None and all(est[k][0] > top for k in arrays if k not in stood):
+    if top is not None and all(est[k][0] > top for k in est if k not in stood):
         lo, hi = min(p[0] for p in stood.values()), top
         dispersion, method, scale = stood[binding][2], "profile", None
     else:
-        lo, hi, scale = _bootstrap_interval(arrays, level, value, k_fit, confidence, n_boot, seed)
+        lo, hi, scale = _bootstrap_interval(arrays, level, value, k_fit, confidence, n_boot, seed, means)
         method, dispersion = "bootstrap", None
-    a = arrays[binding]
+    a = arrays[binding] if binding in arrays else means[binding]
     ux, inv = np.unique(a[:, 1], return_inverse=True)
     wsum = np.bincount(inv, a[:, 3])
     pooled = np.bincount(inv, a[:, 4] * a[:, 3]) / wsum
@@ -211,7 +246,8 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: 
         "of": "concurrency" if axis == "concurrency" else "rate_rps",
         "open": open_end,
         "binding": {"tier": binding[0], "metric": binding[1]},
-        "crossings": [{"tier": t, "metric": m, "load": v, "open": o, "fit": "logistic" if k else "isotonic"}
+        "crossings": [{"tier": t, "metric": m, "load": v, "open": o, "fit": "logistic" if k else "isotonic",
+                       **({"statistic": "mean"} if (t, m) in means else {})}
                       for (t, m), (v, o, k) in sorted(est.items())],
         "fit": "logistic" if k_fit else "isotonic", "fit_windows": k_fit, "t_scale": scale,
         "interval_method": method, "dispersion": dispersion,
@@ -220,17 +256,20 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: 
         "method": "share of requests over the threshold against " + ("users" if axis == "concurrency" else
                   "offered rate") + " (isotonic, then logistic fits); " + (
                       "profile quasi-likelihood interval (dispersion from the windows)" if method == "profile"
-                      else f"bootstrap ({n_boot}) of the windows"),
+                      else f"bootstrap ({n_boot}) of the windows") + (
+                      "; mean SLOs: isotonic fit of log(mean / threshold) against load, crossing 0" if means else ""),
         "n_boot": n_boot, "seed": seed,
     }
 
 
 def _bootstrap_interval(arrays: Mapping[tuple[str, str], np.ndarray], level: Mapping[tuple[str, str], float],
-                        value: float, k_fit: int, confidence: float, n_boot: int, seed: int
-                        ) -> tuple[float, float, float]:
+                        value: float, k_fit: int, confidence: float, n_boot: int, seed: int,
+                        means: Series | None = None) -> tuple[float, float, float]:
     """(low, high, t scale) of the lowest crossing by a bootstrap of the windows (stratified near the
-    estimate, widened by t(k - 2) / z): where no logistic fit stands for the profile interval."""
-    picks = _resample_windows(_window_loads(arrays), value, n_boot, np.random.default_rng(seed))
+    estimate, widened by t(k - 2) / z): where no logistic fit stands for the profile interval, or a mean
+    SLO (``means``) may be the lowest."""
+    means = means or {}
+    picks = _resample_windows(_window_loads({**arrays, **means}), value, n_boot, np.random.default_rng(seed))
     boot = np.full(n_boot, math.inf)
     for key, a in arrays.items():
         col = a[:, 0].astype(int)
@@ -241,6 +280,13 @@ def _bootstrap_interval(arrays: Mapping[tuple[str, str], np.ndarray], level: Map
                 continue
             c, _o, _k = slo_crossing(a[keep, 1], a[keep, 2] * w[keep], a[keep, 3] * w[keep], level[key])
             boot[b] = min(boot[b], c)
+    for a in means.values():
+        col = a[:, 0].astype(int)
+        for b in range(n_boot):
+            w = picks[b, col]
+            keep = w > 0
+            if keep.any():
+                boot[b] = min(boot[b], margin_crossing(a[keep, 1], a[keep, 4], a[keep, 3] * w[keep])[0])
     boot = boot[np.isfinite(boot)]
     lo = hi = value
     if boot.size:

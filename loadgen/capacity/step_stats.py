@@ -95,7 +95,7 @@ def step_detail(plan: CapacityPlan, st: StepWindow, records: Sequence[RequestRec
     return {
         "index": st.index, "load": st.load, "phase": st.phase, "passed": passed,
         "stopped_early": st.early is not None, "early": st.early, "stop_reason": st.stop_reason,
-        # worst judged quantile / threshold (> 1: broken; a lower bound when stopped early); null: inf
+        # worst judged quantile (or mean) / threshold (> 1: broken; a lower bound when stopped early); null: inf
         "margin": (max(margins) if math.isfinite(max(margins)) else None) if margins else None,
         "duration_s": round(wall_s, 3), "requests": len(window),
         "window_s": [round(st.w0, 3), round(w1, 3)], "start_s": round(st.start_s, 3),
@@ -146,10 +146,10 @@ def load_avg() -> float | None:
 def tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: float, seed: int,
                decluster_run: int = 0) -> dict:
     """One tier's window: the TTFT quantile the search looks at (failed requests at ``inf``), each judged
-    SLO with its confidence interval, its requests over the threshold (``over``) and the runs they come in
-    (``runs``: exceedances at most ``decluster_run`` requests apart in scheduled order are one run; the
-    rating's interval reads the windows' mean run as a floor on their dispersion), and the successful
-    requests' p50 / p99 TTFT."""
+    SLO with its confidence interval (a mean SLO: ``value_ms_q`` is the mean, ``statistic: mean``), its
+    requests over the threshold (``over``) and the runs they come in (``runs``: exceedances at most
+    ``decluster_run`` requests apart in scheduled order are one run; the rating's interval reads the
+    windows' mean run as a floor on their dispersion), and the successful requests' p50 / p99 TTFT."""
     j = judge(latency.slo_values(rs, "ttft_ms"), SLO("ttft_ms", math.inf, q), confidence, seed=seed)
     ok_ttft = [latency.ttft_ms(r) for r in rs if latency.succeeded(r)]
     entry: dict[str, Any] = {
@@ -169,9 +169,11 @@ def tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: f
         jj = judge(values, slo, confidence, seed=seed)
         entry["judged"][slo.metric] = {"value_ms_q": jj.value_ms, "ci_low_ms": jj.ci_low_ms,
                                        "ci_high_ms": jj.ci_high_ms, "threshold_ms": slo.threshold_ms,
-                                       "quantile": slo.quantile, "passed": jj.passed, "confident": jj.confident,
-                                       "over": jj.over, "n": jj.n,
+                                       "quantile": None if slo.is_mean else slo.quantile, "passed": jj.passed,
+                                       "confident": jj.confident, "over": jj.over, "n": jj.n,
                                        "runs": clusters(values > slo.threshold_ms, decluster_run)}
+        if slo.is_mean:  # value_ms_q (and its interval) is the window's mean; a failed request makes it inf
+            entry["judged"][slo.metric]["statistic"] = "mean"
         verdicts.append(jj)
     entry["passed"] = all(v.passed for v in verdicts if v.passed is not None)
     entry["confident"] = all(v.confident for v in verdicts)
@@ -179,11 +181,12 @@ def tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: f
 
 
 def goodput_rps(window: Sequence[RequestRecord], slos: dict[str, list[SLO]], win_s: float) -> float | None:
-    """Requests per second of the window that met every SLO of their tier (tiers without one: succeeded)."""
+    """Requests per second of the window that met every SLO of their tier (tiers without one: succeeded).
+    A mean SLO is no request's to meet: it is left out."""
     if win_s <= 0:
         return None
     good = sum(1 for r in window
-               if latency.meets(r, {s.metric: s.threshold_ms for s in slos.get(r.tier or "none", [])}))
+               if latency.meets(r, {s.metric: s.threshold_ms for s in slos.get(r.tier or "none", []) if not s.is_mean}))
     return good / win_s
 
 

@@ -5,8 +5,8 @@ the columns are listed in docs/outputs.md:
     pd.read_csv("reports/<run-id>/steps.csv")
 
 The fixed columns come first; then, for every tier and SLO the run judges (``summary.json["slos"]``), six
-columns named ``<tier>.<metric>.<figure>``: the quantile judged, its measured value, its interval's low
-and high ends, the threshold and the verdict.
+columns named ``<tier>.<metric>.<figure>``: the quantile judged (``mean`` for a mean SLO, whose value is
+then the window's mean), its measured value, its interval's low and high ends, the threshold and the verdict.
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ SLO_FIGURES = {"quantile": None, "value_ms": "value_ms_q", "ci_low_ms": "ci_low_
                "threshold_ms": "threshold_ms", "passed": "passed"}
 
 
-def slo_columns(summary: dict[str, Any]) -> list[tuple[str, str, float | None, str]]:
-    """(tier, metric, quantile, column prefix) of every SLO the run judges, in the summary's order."""
+def slo_columns(summary: dict[str, Any]) -> list[tuple[str, str, float | str | None, str]]:
+    """(tier, metric, quantile, column prefix) of every SLO the run judges, in the summary's order (the
+    quantile ``"mean"`` for a mean SLO)."""
     out = []
     for tier, slos in (summary.get("slos") or {}).items():
         for slo in slos or []:
-            out.append((tier, slo["metric"], slo.get("quantile"), f"{tier}.{slo['metric']}"))
+            q = "mean" if slo.get("statistic") == "mean" else slo.get("quantile")
+            out.append((tier, slo["metric"], q, f"{tier}.{slo['metric']}"))
     return out
 
 

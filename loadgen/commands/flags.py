@@ -41,8 +41,9 @@ refuses the API key, does not serve the model or is not listening included: noth
 invalid: it rests on a step whose load generator fell behind, even after re-measuring it (the numbers are
 saved; do not trust them); 130 Ctrl-C or SIGTERM"""
 SLO_HELP = ("an SLO, repeatable: METRIC:MS[@QUANTILE] with METRIC ttft, ttfot (first answer token), tpot, itl (a "
-            "request's longest gap between tokens) or e2el, QUANTILE p50 ... p99.9 (default p99), e.g. --slo ttft:500 "
-            "--slo tpot:50@p90; it replaces the scenario's tiers' SLOs (one tier, standard, without a scenario)")
+            "request's longest gap between tokens) or e2el, QUANTILE p50 ... p99.9 (default p99) or mean (the "
+            "window's mean; a failed request breaks it; left out of goodput), e.g. --slo ttft:500 --slo tpot:50@p90 "
+            "or --slo tpot:50@mean; it replaces the scenario's tiers' SLOs (one tier, standard, without a scenario)")
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
@@ -73,7 +74,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_slo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--slo", action="append", default=[], metavar="METRIC:MS[@pQ]", help=SLO_HELP)
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC:MS[@pQ|@mean]", help=SLO_HELP)
 
 
 def add_workload_args(p: argparse.ArgumentParser, load: bool) -> None:

@@ -1,11 +1,15 @@
 """The table ``run``, ``replay`` and ``summarize`` print: latency percentiles, throughput, errors,
-client lateness, the server-side breakdown and per-tier SLO attainment (or the summary as JSON)."""
+client lateness, the server-side breakdown and per-tier SLO attainment (the share of requests that met the
+tier's per-request SLOs; its mean SLOs, ``--slo tpot:50@mean``, each a verdict of their own), or the summary as
+JSON."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+from loadgen.results.slo import MEAN_SUFFIX
 
 
 def _num(v: Any) -> str:
@@ -51,12 +55,24 @@ def print_summary(s: dict[str, Any], run_dir: Path, as_json: bool) -> None:
                   f"{_num(bd.get('mean_prefill_ms'))} ms  decode {_num(bd.get('mean_decode_ms'))} ms (means)")
     for tier, e in (s.get("tiers") or {}).items():
         if "slo_attainment" in e:
-            con.print(f"tier {tier}: {e['slo_met']}/{e['requests']} met {e['slo']} "
+            per_request = {k: v for k, v in e["slo"].items() if k not in mean_keys(e)}
+            con.print(f"tier {tier}: {e['slo_met']}/{e['requests']} met {per_request} "
                       f"({100 * e['slo_attainment']:.1f}%)")
+        for metric, m in (e.get("slo_means") or {}).items():  # a run-level check, apart from attainment
+            verdict = "-" if m.get("passed") is None else ("PASS" if m["passed"] else "FAIL")
+            failed = m.get("mean_ms") is None and m.get("n")
+            mean = "inf (a request failed)" if failed else f"{_num(m.get('mean_ms'))} ms"
+            con.print(f"tier {tier}: mean {metric[:-3].upper()} {mean} over {m.get('n')} requests, SLO <= "
+                      f"{m['threshold_ms']:g} ms: {verdict}")
     if not s.get("valid", True) and s.get("invalid_reason"):
         con.print(f"[bold red]INVALID RUN:[/] {s['invalid_reason']}")
     print_target_fit(con, s)
     con.print(f"results: {run_dir}/ (requests.jsonl, metrics.jsonl, summary.json)")
+
+
+def mean_keys(tier: dict[str, Any]) -> set[str]:
+    """The tier's ``slo`` keys of mean SLOs (``tpot_ms@mean``): judged apart, not per request."""
+    return {k for k in tier.get("slo") or {} if k.endswith(MEAN_SUFFIX)}
 
 
 def print_target_fit(con, s: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from loadgen.report import data as d
 from loadgen.report.evidence import SLOEvidence
 from loadgen.report.plots import LAYOUT, PALETTE, figure, tier_colors, tier_sort
 from loadgen.report.step_metrics import METRICS, ReferenceSteps, StepFigures, metric_values
+from loadgen.results.slo import slo_label
 
 TITLES = {"throughput": "Throughput against offered load", "latency": "Latency against offered load",
           "evidence": "The rating's evidence: requests over each SLO against offered load"}
@@ -128,10 +129,10 @@ def latency_vs_load(run: d.RunData, figs: list[StepFigures], ttfot: bool) -> go.
                             row=row, col=1)
         lines = [(tier, slo) for tier, slo in slo_list(run) if str(slo.get("metric", "")).removesuffix("_ms") == key]
         for k, (tier, slo) in enumerate(lines):  # labels alternately left and right: close thresholds' would overlap
-            thr, q = float(slo["threshold_ms"]), 100 * float(slo.get("quantile") or 0.99)
+            thr = float(slo["threshold_ms"])
             judged = " (judged on each request's longest gap)" if key == "itl" else ""
             f.add_hline(y=thr, line=dict(color=colors.get(tier, "#555"), dash="dash", width=1), row=row, col=1,
-                        annotation_text=f"{tier} SLO p{q:g} ≤ {thr:g} ms{judged}",
+                        annotation_text=f"{tier} SLO {slo_label(slo)} ≤ {thr:g} ms{judged}",
                         annotation_position="top left" if k % 2 == 0 else "top right")
     rated, _ = d.rated_load(run)
     if _num(rated) is not None:
@@ -247,7 +248,7 @@ def distribution(run: d.RunData, refs: list[ReferenceSteps], what: str) -> go.Fi
         if what != "itl" and str(slo.get("metric", "")).removesuffix("_ms") == what:
             thr = float(slo["threshold_ms"])
             f.add_trace(go.Scatter(x=[thr, thr], y=[0, 1.01], mode="lines", hoverinfo="skip",
-                                   name=f"{tier} SLO p{100 * float(slo.get('quantile') or 0.99):g} ≤ {thr:g} ms",
+                                   name=f"{tier} SLO {slo_label(slo)} ≤ {thr:g} ms",
                                    line=dict(color=colors.get(tier, "#555"), dash="dashdot", width=1)))
     f.update_layout(meta={"title": f.layout.meta["title"], "records": counts,
                           "steps": {ref.label: ref.steps for ref in refs}})

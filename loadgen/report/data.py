@@ -20,6 +20,7 @@ from loadgen.capacity.rating import step_load
 from loadgen.results import latency
 from loadgen.results.records import read_records
 from loadgen.results.rundir import PREDICTION, read_metrics
+from loadgen.results.slo import mean_of
 from loadgen.results.summary import request_frame, summarize
 
 RECORD_COLUMNS = ("id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s",
@@ -280,7 +281,8 @@ def steps(run: RunData) -> list[dict[str, Any]]:
             slo = slos.get(tier) if isinstance(slos, dict) else None
             if isinstance(slo, dict) and slo.get("threshold_ms") is not None:  # the SLO rule: failures at inf
                 vals = latency.slo_values(records_of(tg), "ttft_ms")
-                q = latency.quantile(vals, float(slo.get("quantile", 0.99))) if vals.size else None
+                q = (None if not vals.size else mean_of(vals) if slo.get("statistic") == "mean"
+                     else latency.quantile(vals, float(slo.get("quantile", 0.99))))
                 tiers[tier]["passed"] = q is not None and q <= float(slo["threshold_ms"])
         out.append({
             "index": int(stage), "load": round(len(g) / span, 3) if span > 0 else None,

@@ -80,7 +80,7 @@ def slo_windows(steps: list[dict[str, Any]], axis: str) -> dict[tuple[str, str],
                 continue
             for metric, j in (e.get("judged") or {}).items():
                 n, thr, over = _num(j.get("n")), _num(j.get("threshold_ms")), _num(j.get("over"))
-                if not n or not thr or over is None:
+                if not n or not thr or over is None or j.get("statistic") == "mean":  # a mean has no share
                     continue
                 level = 1.0 - float(j.get("quantile") or e.get("quantile") or 0.99)
                 entry = out.setdefault((str(tier), str(metric)), (thr, level, []))

@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 from loadgen.report import data as d
 from loadgen.report.health import health as health_series
 from loadgen.report.health import step_spans
+from loadgen.results.slo import slo_label
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 TIER_ORDER = ("premium", "standard", "basic")
@@ -85,9 +86,8 @@ def load_vs_ttft(run: d.RunData, steps: list[dict]) -> go.Figure | None:
     for tier, slo in (run.summary.get("slo") or {}).items():
         thr = _num(slo.get("threshold_ms")) if isinstance(slo, dict) else None
         if thr is not None:
-            q = slo.get("quantile", 0.99)
             f.add_hline(y=thr, line=dict(color=colors.get(str(tier), "#555"), dash="dash", width=1),
-                        annotation_text=f"{tier} SLO p{100 * float(q):g} ≤ {thr:g} ms",
+                        annotation_text=f"{tier} SLO {slo_label(slo)} ≤ {thr:g} ms",
                         annotation_position="top left")
     rated, spec = d.rated_load(run)
     if _num(rated) is not None:
@@ -122,7 +122,7 @@ def prediction(run: d.RunData) -> go.Figure | None:
     for tier, ss in slos.items():
         for s in ss:
             metric, thr = str(s.get("metric")), _num(s.get("threshold_ms")) or 0.0
-            label = f"{tier} p{100 * float(s.get('quantile') or 0.99):g} {metric[:-3].upper()}"
+            label = f"{tier} {slo_label(s)} {metric[:-3].upper()}"
             for name, p in (pred.get("predicted") or {}).items():
                 pts = [(q["load"], capped(((q.get("quantiles_ms") or {}).get(tier) or {}).get(metric), thr))
                        for q in p.get("curve") or [] if _num(q.get("load")) is not None]

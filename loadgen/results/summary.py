@@ -11,11 +11,13 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from loadgen.results import latency
 from loadgen.results.conversation_stats import cancellations_section, conversations_section
 from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
+from loadgen.results.slo import mean_of, mean_slos, per_request_slos
 
 METRICS = ("ttft", "ttfot", "tpot", "itl", "chunk_gap", "e2el")
 SLO_KEYS = {"ttft": "ttft_ms", "ttfot": "ttfot_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2el_ms"}
@@ -109,6 +111,7 @@ def summarize(
         output_throughput=n_out / duration if duration > 0 else None,
         total_token_throughput=(n_in + n_out) / duration if duration > 0 else None,
     )
+    goodput = per_request_slos(goodput or {})  # a mean SLO is no request's to meet: it is judged per tier
     if goodput:
         good = int(meets(df, goodput).sum())
         out["request_goodput"] = good / duration if duration > 0 else None
@@ -170,12 +173,31 @@ def _tiers(df: pd.DataFrame, tier_slos: Mapping[str, Mapping[str, float]], perce
         latency.describe("ttfot", g.loc[ok, "ttfot_ms"], percentiles, entry)
         slo = tier_slos.get(str(tier))
         if slo:
-            met = int(meets(g, slo).sum())
             entry["slo"] = dict(slo)
-            entry["slo_met"] = met
-            entry["slo_attainment"] = met / len(g) if len(g) else None
+            per_request = per_request_slos(slo)
+            if per_request:
+                met = int(meets(g, per_request).sum())
+                entry["slo_met"] = met
+                entry["slo_attainment"] = met / len(g) if len(g) else None
+            if means := mean_slos(slo):
+                entry["slo_means"] = _mean_verdicts(g, means)
         res[str(tier)] = entry
     return res
+
+
+def _mean_verdicts(g: pd.DataFrame, means: Mapping[str, float]) -> dict[str, dict[str, Any]]:
+    """The tier's mean SLOs, judged on the whole run: a run-level check, apart from the per-request
+    attainment (a failed request's value is inf, as everywhere: one breaks the mean; ``mean_ms`` is then
+    null and ``passed`` false)."""
+    # the frame's NaN is the records' None (a failed request's first_token_s): slo_value reads None as "never"
+    rows = [{k: None if isinstance(x, float) and math.isnan(x) else x for k, x in r.items()} for r in _rows(g)]
+    out = {}
+    for metric, thr in means.items():
+        v = latency.slo_values(rows, metric)
+        m = mean_of(v)
+        out[metric] = {"threshold_ms": thr, "mean_ms": m if math.isfinite(m) else None, "n": int(v.size),
+                       "failed": int((~np.isfinite(v)).sum()), "passed": bool(m <= thr) if v.size else None}
+    return out
 
 
 DRIFT_FLAG = 0.02  # prompts off their intended length by more than this, on average, are flagged

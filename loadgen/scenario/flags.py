@@ -5,7 +5,8 @@ Precedence: the built-in defaults (the ``your-server`` template, when no scenari
 file < these flags; ``--set KEY=VALUE`` edits the file's values before the flags apply. The flags' rules:
 
 - ``--slo METRIC:MS[@QUANTILE]`` (repeatable; ``ttft``, ``ttfot``, ``tpot``, ``itl``, ``e2el``; ``p50`` …
-  ``p99.9``, default the search's quantile, p99) replaces the SLOs of every tier that has some; a scenario
+  ``p99.9``, default the search's quantile, p99; or ``mean``: ``tpot:50@mean``, the YAML form
+  ``{threshold: 50, statistic: mean}``) replaces the SLOs of every tier that has some; a scenario
   whose tiers have none gets them on every tier, one with no tiers gets one tier, ``standard``.
 - ``--input-len`` / ``--output-len`` take a length (``512``) or a uniform range (``256:1024``);
   ``--dataset FILE`` replaces the workload with a file's prompts (JSONL of ``prompt`` / ``messages``, or
@@ -26,25 +27,29 @@ import yaml
 from loadgen.scenario.model import ScenarioError
 
 SLO_FLAG_METRICS = {"ttft": "ttft_ms", "ttfot": "ttfot_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2el_ms"}
-_SLO_FORM = "METRIC:MS[@pQ], e.g. ttft:500 or tpot:50@p90"
+_SLO_FORM = "METRIC:MS[@pQ|@mean], e.g. ttft:500, tpot:50@p90 or tpot:50@mean"
 
 
 @dataclass(frozen=True)
 class SloFlag:
-    """One ``--slo``: a metric's threshold and, when given, its own quantile."""
+    """One ``--slo``: a metric's threshold and, when given, its own quantile, or ``statistic="mean"``."""
 
     metric: str  # ttft_ms | ttfot_ms | tpot_ms | itl_ms | e2el_ms
     threshold_ms: float
     quantile: float | None = None  # None: the tier's, else the search's (p99)
+    statistic: str = "quantile"  # quantile | mean (``@mean``)
 
-    def as_yaml(self) -> float | dict[str, float]:
+    def as_yaml(self) -> float | dict[str, Any]:
+        if self.statistic == "mean":
+            return {"threshold": self.threshold_ms, "statistic": "mean"}
         if self.quantile is None:
             return self.threshold_ms
         return {"threshold": self.threshold_ms, "quantile": self.quantile}
 
 
 def parse_slo(text: str) -> SloFlag:
-    """``ttft:500`` / ``tpot:50@p90`` / ``e2el:2000@p99.9``; a ScenarioError naming the flag otherwise."""
+    """``ttft:500`` / ``tpot:50@p90`` / ``e2el:2000@p99.9`` / ``tpot:50@mean``; a ScenarioError naming the
+    flag otherwise."""
     name, sep, rest = text.strip().partition(":")
     if not sep:
         raise ScenarioError(f"--slo {text!r}: expected {_SLO_FORM}")
@@ -58,18 +63,17 @@ def parse_slo(text: str) -> SloFlag:
         raise ScenarioError(f"--slo {text!r}: {value!r} is not a number of milliseconds ({_SLO_FORM})") from None
     if not 0 < threshold < float("inf"):
         raise ScenarioError(f"--slo {text!r}: the threshold must be a positive number of milliseconds")
+    if at and q_text.strip().lower() == "mean":
+        return SloFlag(metric, threshold, None, "mean")
     quantile = parse_quantile(q_text, f"--slo {text!r}") if at else None
     return SloFlag(metric, threshold, quantile)
 
 
 def parse_quantile(text: str, what: str) -> float:
-    """``p99`` -> 0.99, ``p99.9`` -> 0.999, ``p50`` -> 0.5."""
+    """``p99`` -> 0.99, ``p99.9`` -> 0.999, ``p50`` -> 0.5 (``mean`` is ``parse_slo``'s: no quantile)."""
     m = re.fullmatch(r"[pP](\d{1,2}(?:\.\d+)?)", text.strip())
-    if text.strip().lower() == "mean":
-        raise ScenarioError(f"{what}: a mean SLO cannot be rated (the capacity search judges the share of requests "
-                            f"over a threshold); give a quantile, p50 for the typical request")
     if not m or not 0 < float(m.group(1)) < 100:
-        raise ScenarioError(f"{what}: expected a quantile p50 ... p99.9 after '@', found {text!r}")
+        raise ScenarioError(f"{what}: expected a quantile p50 ... p99.9 (or mean) after '@', found {text!r}")
     return round(float(m.group(1)) / 100.0, 10)
 
 

@@ -20,6 +20,7 @@ workload:
 tiers:                     # weight and SLOs (ms) per service tier
   premium: {weight: 1, slo: {ttft_ms: 300}}
   standard: {weight: 3, slo: {ttft_ms: 800, tpot_ms: {threshold: 50, quantile: 0.9}}}  # an SLO's own quantile
+  # an SLO on the window's mean instead: tpot_ms: {threshold: 50, statistic: mean} (--slo tpot:50@mean)
 load: {arrival: poisson, rate: 4, requests: 40, duration_s: 30}   # arrival: poisson|gamma|constant|closed
 goodput: {ttft_ms: 800}
 client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10, send_tier: null,
@@ -53,6 +54,12 @@ search:                    # for ``slobench capacity`` (see loadgen/capacity/)
   pass_margin: 0.5
 headroom: 0.2              # spec capacity = rated x (1 - headroom)
 ```
+A mean SLO (``statistic: mean``) judges the mean of a step's (or a run's) values; a failed request counts
+as ``inf``, so any failure breaks it. It is a check on the whole window: goodput and per-tier attainment
+count requests against the quantile SLOs only, and ``summary.json`` gives the mean SLOs' verdicts apart
+(``tiers.<tier>.slo_means``). ``tier_slos`` keeps a mean SLO under the key ``<metric>@mean``
+(``results.slo.slo_key``), so that it travels wherever the thresholds go. A tier whose SLOs are all means
+needs ``MEAN_MIN_SAMPLES`` (30) requests in a step's window (``search.min_samples`` overrides it).
 Trace workloads also take ``input_scale`` / ``output_scale`` (multiply lengths; a Mooncake hash block shrinks
 with them, so prefix sharing keeps its shape) and ``max_input_len`` / ``max_output_len`` (caps), to fit
 production traces to a small engine, and ``spread_ties_s`` (requests logged with the same timestamp, as in
@@ -67,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.results.latency import LATENESS_BOUND_MS, SLO_METRICS
-from loadgen.results.slo import SLO
+from loadgen.results.slo import SLO, split_slo_key
 from loadgen.scenario.options import SearchConfig, StepOptions
 from loadgen.workload.arrivals import Arrivals
 from loadgen.workload.shaping import TraceShaping, load_shaped_trace
@@ -98,7 +105,7 @@ class Scenario:
     trace_format: str | None = None
     trace_options: TraceOptions | None = None
     tiers: dict[str, float] = field(default_factory=dict)
-    tier_slos: dict[str, dict[str, float]] = field(default_factory=dict)
+    tier_slos: dict[str, dict[str, float]] = field(default_factory=dict)  # tier -> metric (tpot_ms@mean) -> ms
     arrivals: Arrivals | None = None  # None for a trace's own timestamps
     requests: int | None = None
     duration_s: float | None = None
@@ -125,9 +132,14 @@ class Scenario:
     def slos(self) -> dict[str, list[SLO]]:
         """Each tier's judged SLOs (an empty list for a tier with no promise, e.g. basic)."""
         q = self.step.quantile if self.step else 0.99
-        return {t: [SLO(k, float(v), self.slo_quantiles.get(t, {}).get(k, self.tier_quantiles.get(t, q)))
-                    for k, v in self.tier_slos.get(t, {}).items()]
-                for t in self.tiers}
+        out: dict[str, list[SLO]] = {}
+        for t in self.tiers:
+            out[t] = []
+            for key, v in self.tier_slos.get(t, {}).items():
+                k, statistic = split_slo_key(key)
+                out[t].append(SLO(k, float(v), self.slo_quantiles.get(t, {}).get(k, self.tier_quantiles.get(t, q)),
+                                  statistic))
+        return out
 
     def engine_options(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The embedded engine's options: the ``engine`` section with ``overrides`` (``--engine-opt``) on top,

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from loadgen.results.latency import LATENESS_BOUND_MS
+from loadgen.results.slo import STATISTICS, slo_key
 from loadgen.scenario.engine_options import parse_engine_options
 from loadgen.scenario.flags import ScenarioFlags, apply_override
 from loadgen.scenario.model import ENDPOINTS, SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
@@ -109,7 +110,9 @@ def _parse_top_level(root: MappingNode, s: Scenario) -> None:
 
 
 def _parse_tiers(tiers: MappingNode, s: Scenario) -> None:
-    """Each tier's weight, SLO thresholds (ms) and its own SLO quantile, if it has one."""
+    """Each tier's weight, SLO thresholds (ms) and its own SLO quantile, if it has one. An SLO's mapping
+    form takes its own quantile (``{threshold: 50, quantile: 0.9}``) or ``statistic: mean``
+    (``{threshold: 50, statistic: mean}``: the window's mean, kept under the key ``tpot_ms@mean``)."""
     for name in tiers.data:
         if name not in TIER_NAMES:
             raise ScenarioError(f"{tiers.key(str(name))}: unknown service tier (expected one of "
@@ -127,12 +130,16 @@ def _parse_tiers(tiers: MappingNode, s: Scenario) -> None:
                     raise ScenarioError(f"{slo.key(k)}: unknown SLO (expected {', '.join(SLO_NAMES)} "
                                         "or quantile)")
                 if isinstance(slo.data[k], dict):  # {threshold: MS, quantile: Q}: this SLO's own quantile
-                    own = slo.child(k)
+                    own = slo.child(k)  # ... or {threshold: MS, statistic: mean}: an SLO on the mean
                     threshold = own.get("threshold", float, positive=True)
+                    statistic = own.get("statistic", str, "quantile", choices=STATISTICS)
+                    if statistic == "mean" and "quantile" in own.data:
+                        raise ScenarioError(f"{own.key('quantile')}: an SLO on the mean (statistic: mean) has "
+                                            "no quantile")
                     if "quantile" in own.data:
                         s.slo_quantiles.setdefault(name, {})[k] = own.get_quantile("quantile")
                     own.check_unknown()
-                    s.tier_slos.setdefault(name, {})[k] = threshold
+                    s.tier_slos.setdefault(name, {})[slo_key(k, statistic)] = threshold
                 else:
                     s.tier_slos.setdefault(name, {})[k] = slo.get(k, float, positive=True)
         t.check_unknown()
