@@ -37,6 +37,7 @@ ENGINE_OPTIONS: dict[str, tuple[tuple, tuple | None]] = {
     "kv_watermark": ((float,), None),
     "admission": ((str,), ("slo", "queue-length")),
     "tier_ttft_slo_ms": ((dict,), None),
+    "tier_max_queue_s": ((dict,), None),
     "admission_target_frac": ((float,), None),
     "pack_cpu_weights": ((bool,), None),
     "use_triton": ((bool, _opt), None),
@@ -74,5 +75,11 @@ def parse_engine_options(eng: MappingNode) -> dict[str, Any]:
                         not isinstance(ms, (int, float)) or ms < 0:
                     raise ScenarioError(f"{eng.key(k)}.{tier}: expected premium|standard|basic: a number of ms "
                                         f">= 0, found {found(ms)}")
+        if k == "tier_max_queue_s":
+            for tier, s in v.items():
+                if tier not in ("premium", "standard", "basic") or isinstance(s, bool) or \
+                        not (s is None or (isinstance(s, (int, float)) and s > 0)):
+                    raise ScenarioError(f"{eng.key(k)}.{tier}: expected premium|standard|basic: seconds > 0 or "
+                                        f"null (unbounded), found {found(s)}")
         out[k] = v
     return out
