@@ -24,7 +24,8 @@ from loadgen.drivers.event_loop import now
 from loadgen.drivers.http_request import ClientConfig, build_body
 from loadgen.drivers.stream_recorder import StreamRecorder
 from loadgen.results.records import RequestRecord
-from loadgen.target.discovery import discover_model, error_text
+from loadgen.target.access import check_target
+from loadgen.target.discovery import error_text
 from loadgen.target.sse import StreamError
 from loadgen.workload.specs import RequestSpec
 
@@ -77,7 +78,7 @@ class Replayer:
         )
         if self.model is None:
             loop = asyncio.get_running_loop()
-            self.model = await loop.run_in_executor(None, discover_model, self.cfg.target)
+            self.model = await loop.run_in_executor(None, check_target, self.cfg.target, None, self.cfg.headers)
 
     async def warm_up(self, connections: int) -> None:
         """Open ``connections`` keep-alive connections at once (``GET /v1/models`` on each, all in flight

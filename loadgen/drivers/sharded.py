@@ -28,7 +28,8 @@ from loadgen.drivers.event_loop import run_sync
 from loadgen.drivers.http_request import ClientConfig
 from loadgen.drivers.replayer import Replayer
 from loadgen.results.records import RequestRecord
-from loadgen.target.discovery import TargetError, discover_model
+from loadgen.target.access import check_target
+from loadgen.target.discovery import TargetError
 from loadgen.workload.specs import RequestSpec
 
 START_TIMEOUT_S = 120.0
@@ -135,7 +136,7 @@ class ShardedReplayer:
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         if self.model is None:
-            self.model = await loop.run_in_executor(None, discover_model, self.cfg.target)
+            self.model = await loop.run_in_executor(None, check_target, self.cfg.target, None, self.cfg.headers)
         cfg = replace(self.cfg, model=self.model)
         self._procs = [self._ctx.Process(target=worker_main, daemon=True, name=f"slobench-replayer-{i}",
                                          args=(i, cfg, self._commands[i], self._out, self._counters,

@@ -36,10 +36,6 @@ class Access:
         out = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         return {**out, **self.headers}
 
-    def redacted(self) -> dict[str, Any]:
-        """What a run folder may record of them: header names, never a secret's value."""
-        return {"api_key": "***" if self.api_key else None, "headers": sorted(self.headers)}
-
 
 def base_url(url: str) -> str:
     """The target's base URL: no trailing slash, no trailing ``/v1`` (the paths slobench calls carry it)."""

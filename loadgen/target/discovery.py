@@ -1,30 +1,13 @@
-"""Which model a target serves, how to read its refusals, and the error for a target that cannot be used
-at all."""
+"""How to read a target's refusals, and the error for a target that cannot be used at all (which model it
+serves: ``target/access.py`` ``check_target``)."""
 
 from __future__ import annotations
 
 import json
-import urllib.request
 
 
 class TargetError(RuntimeError):
     """The target cannot be used (unreachable, no models, died mid-run)."""
-
-
-def discover_model(target: str, timeout_s: float = 10.0) -> str:
-    """The first model id of ``GET {target}/v1/models`` (blocking: call it before a run starts, or in an
-    executor)."""
-    url = target.rstrip("/") + "/v1/models"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 (the user's target URL)
-            data = json.loads(r.read()).get("data") or []
-    except urllib.error.HTTPError as e:
-        raise TargetError(f"GET {url} returned HTTP {e.code}; pass --model") from e
-    except (OSError, ValueError) as e:
-        raise TargetError(f"cannot reach {target}: {type(e).__name__}: {e}") from e
-    if not data:
-        raise TargetError(f"{url} lists no model; pass --model")
-    return data[0]["id"]
 
 
 def error_text(raw: bytes, status: int) -> str:

@@ -24,7 +24,7 @@ from loadgen.drivers.base import Progress, RecordSink
 from loadgen.drivers.http_request import ClientConfig
 from loadgen.drivers.locust.plan import write_specs
 from loadgen.results.records import RequestRecord
-from loadgen.target.discovery import discover_model
+from loadgen.target.access import check_target
 from loadgen.workload.specs import RequestSpec
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
@@ -66,7 +66,7 @@ class LocustProcess:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.target = target.rstrip("/")
-        self.model = model or discover_model(self.target)
+        self.model = model or check_target(self.target, None, headers or {})
         self.specs_path = write_specs(self.out_dir / "locust_specs.pkl", list(specs), concurrency=concurrency,
                                       model=self.model, tier_slos=tier_slos, stage=stage, start_s=start_s,
                                       duration_s=duration_s)
@@ -171,7 +171,8 @@ class LocustDriver:
 
     async def open(self) -> None:
         if self.model is None:
-            self.model = await asyncio.get_running_loop().run_in_executor(None, discover_model, self.cfg.target)
+            self.model = await asyncio.get_running_loop().run_in_executor(None, check_target, self.cfg.target, None,
+                                                                         self.cfg.headers)
 
     async def run(self, specs: Iterable[RequestSpec], *, t0: float, stage: int, concurrency: int = 0,
                   until_s: float | None = None) -> None:

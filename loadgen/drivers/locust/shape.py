@@ -23,7 +23,7 @@ from locust.runners import MasterRunner
 from loadgen.drivers.locust.collect import Collector
 from loadgen.drivers.locust.plan import Plan
 from loadgen.drivers.locust.users import STATE, ClosedLoopUser, OpenLoopDriver, apply_client_settings, client_config
-from loadgen.target.discovery import discover_model
+from loadgen.target.access import check_target
 
 log = logging.getLogger("slobench.locust")
 
@@ -59,7 +59,9 @@ class Control:
         self.reset()
         if not (self.plan.model or self.opts.get("model")) and not env.host:
             raise RuntimeError("no --host given (the target's base URL)")
-        model = self.plan.model or self.opts.get("model") or discover_model(env.host)
+        key = self.opts.get("api_key")
+        headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **(self.opts.get("headers") or {})}
+        model = self.plan.model or self.opts.get("model") or check_target(env.host, None, headers)
         self.opts["model"] = model
         out = Path(self.opts["out"])
         self.collector = Collector(out, self.plan, float(self.opts.get("slo_quantile") or 0.99),
