@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -99,24 +100,29 @@ def detect_format(path: Path) -> str:
     raise TraceError(f"{path}: cannot tell the trace format; pass --format ({'|'.join(FORMATS)})")
 
 
-def read_mooncake(path: Path, block_size: int = 512) -> list[TraceRow]:
-    rows = []
+def _jsonl(path: Path) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a JSONL file, with their line numbers (for errors that name the line)."""
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                o = json.loads(line)
-                ids = tuple(int(h) for h in o["hash_ids"])
-                row = TraceRow(o["timestamp"] / 1000.0, int(o["input_length"]), int(o["output_length"]), ids)
-            except (ValueError, KeyError, TypeError) as e:
-                raise TraceError(f"{path}:{lineno}: not a Mooncake row ({e})") from e
-            if len(ids) * block_size < row.input_len:
-                raise TraceError(
-                    f"{path}:{lineno}: {len(ids)} hash ids x block_size {block_size} < input_length "
-                    f"{row.input_len}; wrong block_size?"
-                )
-            rows.append(row)
+            if line.strip():
+                yield lineno, line
+
+
+def read_mooncake(path: Path, block_size: int = 512) -> list[TraceRow]:
+    rows = []
+    for lineno, line in _jsonl(path):
+        try:
+            o = json.loads(line)
+            ids = tuple(int(h) for h in o["hash_ids"])
+            row = TraceRow(o["timestamp"] / 1000.0, int(o["input_length"]), int(o["output_length"]), ids)
+        except (ValueError, KeyError, TypeError) as e:
+            raise TraceError(f"{path}:{lineno}: not a Mooncake row ({e})") from e
+        if len(ids) * block_size < row.input_len:
+            raise TraceError(
+                f"{path}:{lineno}: {len(ids)} hash ids x block_size {block_size} < input_length "
+                f"{row.input_len}; wrong block_size?"
+            )
+        rows.append(row)
     return rows
 
 
@@ -182,25 +188,22 @@ def read_prompts(path: Path) -> list[TraceRow]:
     """A JSONL dataset of prompts, one object per line: ``prompt`` (or ``text``) as a string, or ``messages``
     (a chat), and optionally the answer's length (``max_tokens`` or ``output_len``)."""
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                o = json.loads(line)
-            except ValueError as e:
-                raise TraceError(f"{path}:{lineno}: not JSON ({e})") from None
-            if not isinstance(o, dict):
-                raise TraceError(f"{path}:{lineno}: expected an object with prompt or messages")
-            text, messages = o.get("prompt", o.get("text")), o.get("messages")
-            out = o.get("max_tokens", o.get("output_len"))
-            if not (isinstance(text, str) and text) and not (isinstance(messages, list) and messages
-                                                            and all(isinstance(m, dict) for m in messages)):
-                raise TraceError(f"{path}:{lineno}: expected a non-empty prompt (a string) or messages (a list of "
-                                 "{role, content})")
-            if out is not None and not (isinstance(out, int) and out >= 1):
-                raise TraceError(f"{path}:{lineno}: max_tokens must be a whole number >= 1, found {out!r}")
-            rows.append(TraceRow(None, None, out, text=text if messages is None else None, messages=messages))
+    for lineno, line in _jsonl(path):
+        try:
+            o = json.loads(line)
+        except ValueError as e:
+            raise TraceError(f"{path}:{lineno}: not JSON ({e})") from None
+        if not isinstance(o, dict):
+            raise TraceError(f"{path}:{lineno}: expected an object with prompt or messages")
+        text, messages = o.get("prompt", o.get("text")), o.get("messages")
+        out = o.get("max_tokens", o.get("output_len"))
+        if not (isinstance(text, str) and text) and not (isinstance(messages, list) and messages
+                                                        and all(isinstance(m, dict) for m in messages)):
+            raise TraceError(f"{path}:{lineno}: expected a non-empty prompt (a string) or messages (a list of "
+                             "{role, content})")
+        if out is not None and not (isinstance(out, int) and out >= 1):
+            raise TraceError(f"{path}:{lineno}: max_tokens must be a whole number >= 1, found {out!r}")
+        rows.append(TraceRow(None, None, out, text=text if messages is None else None, messages=messages))
     return rows
 
 
