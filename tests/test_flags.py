@@ -147,3 +147,21 @@ def test_run_from_a_prompts_dataset(mock_server, tmp_path):
     hi = [b for b in bodies if b.get("messages") == [{"role": "user", "content": "Hi"}]]
     assert [b["max_tokens"] for b in story] == [5] and [b["max_tokens"] for b in hi] == [3], bodies[-2:]
     assert json.loads(r.stdout)["goodput_slo"] == {"ttft_ms": 500.0}  # --slo without --goodput: its threshold
+
+
+def test_locust_sends_the_key_headers_and_extra_body_too(mock_server, tmp_path):
+    """The Locust driver gets them through its environment (never its command line) and sends them all."""
+    log = tmp_path / "requests.log"
+    url = mock_server("--api-key", "sekret", "--log-requests", log, "--ttft-ms", 5, "--itl-ms", 1)
+    r = slobench("run", "--target", url, "--driver", "locust", "--api-key", "sekret", "--header", "X-Tenant: perf",
+                 "--extra-body", '{"user": "bench"}', "--requests", 6, "--rate", 10, "--input-len", 8,
+                 "--output-len", 3, "--out", tmp_path / "run", "--no-report", "--no-scrape",
+                 "--lateness-bound-ms", 500, timeout=300)
+    assert r.returncode == 0, r.stderr
+    sent = [e for e in _log(log) if e["path"] == "/v1/completions" and e["body"].get("max_tokens") == 3]
+    assert len(sent) == 6
+    assert all(e["headers"].get("authorization") == "Bearer sekret" and e["headers"].get("x-tenant") == "perf"
+               and e["body"].get("user") == "bench" for e in sent)
+    files = [f for f in (tmp_path / "run").rglob("*") if f.is_file()]
+    assert any(f.name == "locust.log" for f in files)
+    assert not [f.name for f in files if b"sekret" in f.read_bytes()]  # the key is in no file, Locust's included
