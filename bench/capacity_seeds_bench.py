@@ -43,7 +43,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 

@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.capacity.rating import step_load  # noqa: E402
 from loadgen.capacity.step_stats import window_records  # noqa: E402

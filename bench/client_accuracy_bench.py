@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.drivers.http_request import ClientConfig  # noqa: E402
 from loadgen.fixed_load import RunOptions, execute  # noqa: E402

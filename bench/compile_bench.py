@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 VARIANTS = ("eager_packed", "eager_dense", "compile_dense", "compile_freeze")
 PROMPT = 160

@@ -26,14 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.results import latency  # noqa: E402
 from loadgen.results.sequential import SPENDING, SequentialTest, clusters, effective_n, norm_ppf  # noqa: E402

@@ -26,11 +26,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.gate.evaluate import evaluate_rule  # noqa: E402
 from loadgen.gate.pool import pool  # noqa: E402

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.capacity import rating  # noqa: E402
 from loadgen.results.runmeta import git_commit, now_iso  # noqa: E402

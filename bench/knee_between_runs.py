@@ -44,14 +44,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))  # knee_windows: the step durations and spread figures it uses too
 
 from knee_windows import duration, simulated_searches, spread_figures, step_kinds  # noqa: E402
 

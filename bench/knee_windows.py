@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.capacity import rating  # noqa: E402
 from loadgen.capacity.crossing import isotonic, logistic_fit  # noqa: E402

@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.drivers.locust.driver import LocustProcess  # noqa: E402
 from loadgen.results.records import read_records  # noqa: E402

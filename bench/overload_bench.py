@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.results import latency  # noqa: E402
 from loadgen.results.records import read_records  # noqa: E402

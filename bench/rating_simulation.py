@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.capacity import rating  # noqa: E402
 from loadgen.capacity.truth import QueueParams, QueueTruth, SimulatedSteps, latencies  # noqa: E402

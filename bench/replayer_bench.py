@@ -30,8 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from loadgen.drivers.event_loop import run_sync  # noqa: E402
 from loadgen.drivers.http_request import ClientConfig  # noqa: E402
 from loadgen.drivers.replayer import Replayer  # noqa: E402

@@ -31,7 +31,6 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 

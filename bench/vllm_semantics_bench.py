@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from loadgen.results import latency  # noqa: E402
 from loadgen.results.records import read_records  # noqa: E402

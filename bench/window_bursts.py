@@ -30,14 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from knee_windows import measure  # noqa: E402  (bench/: the same sweep, shuffled rounds on one engine)
 
