@@ -29,7 +29,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
-from loadgen.capacity.run import measure_fixed, run_capacity  # noqa: E402
+from sweep import measure_fixed  # noqa: E402 (this script's own folder)
+
+from loadgen.capacity.run import run_capacity  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 from loadgen.scenario.parse import load_scenario  # noqa: E402
 from loadgen.target.embedded import EmbeddedEngine  # noqa: E402

@@ -11,7 +11,7 @@ times, exponential with their p-quantile at T), looks every ``look_interval_s`` 
 - ``false_breach``: the sequential test (``results.sequential.SequentialTest``, alpha 0.05, each spending
   function, runs of exceedances counted once as the step does, and the plain count) ever calls a breach:
   bounded by alpha by construction for independent requests; the *old* rule beside it (the bootstrap
-  interval's lower end over T, ``results.slo.breach_likely``, re-tested every 0.5 s with no correction);
+  interval's lower end over T, ``breach_likely`` below, re-tested every 0.5 s with no correction);
   and the same on an M/M/1 queue's correlated latencies, where the plain count's bound fails;
 - ``false_pass``: the sequential test's pass side (bounded by alpha too) and the ramp-only clear-pass
   heuristic (pooled quantile under ``pass_margin`` x T over >= 30 settled requests: not bounded; it depends
@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +35,29 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 from loadgen.results import latency  # noqa: E402
+from loadgen.results.latency import quantile  # noqa: E402
 from loadgen.results.sequential import SPENDING, SequentialTest, clusters, effective_n, norm_ppf  # noqa: E402
-from loadgen.results.slo import SLO, breach_likely  # noqa: E402
+from loadgen.results.slo import SLO, bootstrap_ci  # noqa: E402
 
 LOOK_S = 0.5  # StepOptions.look_interval_s
 CLEAR_PASS_MIN = 30  # capacity.early_stop.CLEAR_PASS_MIN
 RUN = 2  # StepOptions.decluster_run
+
+
+
+def breach_likely(settled: Sequence[float] | np.ndarray, slo: SLO, confidence: float = 0.95,
+                  min_requests: int = 20, n_boot: int = 400) -> bool:
+    """True when the lower end of the confidence interval of the quantile over ``settled`` requests (an
+    unbiased sample of the step so far: every request old enough that its outcome against the
+    threshold is known) is over the threshold.
+
+    The old early-stop rule, kept here for the comparison: re-tested at every look with no correction for the
+    looks, so its false-breach rate is not bounded. Capacity steps decide with ``results.sequential``."""
+    v = np.asarray(settled, dtype=float)
+    if v.size < min_requests or quantile(v, slo.quantile) <= slo.threshold_ms:
+        return False
+    low, _ = bootstrap_ci(v, slo.quantile, confidence, n_boot, seed=1)
+    return low > slo.threshold_ms
 
 
 def latencies(shape: str, n: int, thr: float, tail: float, rng: np.random.Generator) -> np.ndarray:

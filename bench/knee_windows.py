@@ -41,10 +41,12 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
+from sweep import measure_fixed  # noqa: E402 (this script's own folder)
+
 from loadgen.capacity import rating  # noqa: E402
 from loadgen.capacity.crossing import isotonic, logistic_fit  # noqa: E402
 from loadgen.capacity.plan import CapacityPlan  # noqa: E402
-from loadgen.capacity.run import measure_fixed, over_budget, rated_capacity  # noqa: E402
+from loadgen.capacity.run import over_budget, rated_capacity  # noqa: E402
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, StepResult  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 from loadgen.scenario.parse import load_scenario  # noqa: E402

@@ -5,7 +5,7 @@
 
 1. **Measure.** One embedded engine; every load ``--windows`` times, each window whole (no early stop), each
    on its own arrival draw, with the search's own step machinery (``knee_windows.measure``, which runs
-   ``capacity.run.measure_fixed``); the loads shuffled in each round.
+   ``bench/sweep.py``'s ``measure_fixed``); the loads shuffled in each round.
 2. **Per window**, from the arrivals it was sent: the offered rate over the judged window, and for each
    ``--bursts`` length B the busiest B seconds' rate (``local_B``: the most arrivals in any B-second span
    that overlaps the window, over B; a burst just before the window still queues into it).

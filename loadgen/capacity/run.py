@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,30 +352,3 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
     summary["prefix_cache"] = prefix_cache_check(records, read_metrics(Path(run_dir) / METRICS), runner.sharing.share)
     write_outputs(run_dir, summary)
     return CapacityResult(run_dir, summary, runner.stopped)
-
-
-def measure_fixed(scn: Scenario, loads: Iterable[float], run_dir: str | Path, *, target: str,
-                  early_stop: bool = False, display=None, fresh_draws: bool = False) -> list[dict[str, Any]]:
-    """Measure each load once with the capacity step machinery (a dense sweep, for comparison with the
-    search); returns the step details. ``requests.jsonl`` stages are the loads' positions. Every load is
-    on the common arrival draw (0), scaled; ``fresh_draws``: the i-th on draw i + 1 (a load given several
-    times is then several independent windows)."""
-    plan = CapacityPlan.from_scenario(scn)
-
-    async def main():
-        runner = CapacityRunner(plan, Path(run_dir), target, display=display)
-        await runner.open()
-        out = []
-        try:
-            for i, load in enumerate(loads):
-                res = await runner.measure(load, "sweep", i, early_stop=early_stop, draw=i + 1 if fresh_draws else 0)
-                out.append(res.detail)
-                if display:
-                    display.end_step(res.detail)
-                if runner.stopped:
-                    break
-        finally:
-            await runner.close()
-        return out
-
-    return run_sync(main)

@@ -176,19 +176,3 @@ def breach_certain(lower_bounds: Sequence[float] | np.ndarray, n_planned: int, s
     if (v > slo.threshold_ms).sum() == 0:
         return False
     return quantile(np.concatenate([v, np.zeros(rest)]), slo.quantile) > slo.threshold_ms
-
-
-def breach_likely(settled: Sequence[float] | np.ndarray, slo: SLO, confidence: float = 0.95,
-                  min_requests: int = 20, n_boot: int = 400) -> bool:
-    """True when the lower end of the confidence interval of the quantile over ``settled`` requests (an
-    unbiased sample of the step so far: every request old enough that its outcome against the
-    threshold is known) is over the threshold.
-
-    The old early-stop rule: re-tested at every look with no correction for the looks, so its false-breach
-    rate is not bounded. Capacity steps decide with ``results.sequential``; this stays for
-    ``bench/early_stop_bench.py``'s comparison."""
-    v = np.asarray(settled, dtype=float)
-    if v.size < min_requests or quantile(v, slo.quantile) <= slo.threshold_ms:
-        return False
-    low, _ = bootstrap_ci(v, slo.quantile, confidence, n_boot, seed=1)
-    return low > slo.threshold_ms
