@@ -10,7 +10,6 @@ and the summary is written from whatever was measured.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from loadgen.results import latency
 from loadgen.results.conversation_stats import planned_of
 from loadgen.results.prefix_cache import prefix_cache_check
 from loadgen.results.records import RecordWriter, read_records
-from loadgen.results.rundir import read_metrics
+from loadgen.results.rundir import SCHEMA_VERSION, read_metrics, write_json, write_summary
 from loadgen.results.runmeta import now_iso, run_metadata
 from loadgen.results.summary import summarize
 from loadgen.target.prepare import TargetOptions, prepare_target
@@ -79,7 +78,7 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
         config["driver"] = "locust"
     stopped, model = run_sync(lambda: _drive(specs, opts, req_path, met_path))
     config["model"] = model
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    write_json(run_dir / "config.json", {"schema_version": SCHEMA_VERSION, **config})
     records, samples = read_records(req_path), read_metrics(met_path)
     summary = summarize(records, goodput=opts.goodput or None, tier_slos=opts.tier_slos,
                         lateness_bound_ms=opts.lateness_bound_ms, metrics=samples, planned=planned_of(specs))
@@ -92,7 +91,7 @@ def execute(specs: Sequence[RequestSpec], opts: RunOptions) -> RunResult:
     summary["stopped_early"] = stopped
     summary.update(prepared.as_summary())
     summary = {**_metadata(opts, run_dir, config.get("driver", "aiohttp"), started_at), **summary}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    write_summary(run_dir, summary)
     return RunResult(run_dir, summary, stopped)
 
 

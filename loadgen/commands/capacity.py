@@ -75,7 +75,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print(json.dumps(s, indent=2, default=json_default))
     else:
         print_verdict(s)
-        print(f"results: {res.run_dir}/ (summary.json, requests.jsonl, metrics.jsonl)")
+        print(f"results: {res.run_dir}/ (summary.json, steps.csv, requests.jsonl, metrics.jsonl)")
     if not args.no_report and s["steps"]:
         from loadgen.report import auto_report  # never raises: a report must not fail a measured run
 

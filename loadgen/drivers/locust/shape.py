@@ -23,6 +23,7 @@ from locust.runners import MasterRunner
 from loadgen.drivers.locust.collect import Collector
 from loadgen.drivers.locust.plan import Plan
 from loadgen.drivers.locust.users import STATE, ClosedLoopUser, OpenLoopDriver, apply_client_settings, client_config
+from loadgen.results.rundir import write_summary
 from loadgen.target.access import check_target
 
 log = logging.getLogger("slobench.locust")
@@ -200,7 +201,7 @@ class Control:
             s = summarize(read_records(col.req_path), tier_slos=self.plan.tier_slos)
             s.update(run_id=col.out_dir.name, driver="locust", model=self.opts.get("model"),
                      requests_planned=self.plan.planned, stopped_early=self.stop_reason, locust=verdict)
-            (col.out_dir / "summary.json").write_text(json.dumps(s, indent=2, default=float) + "\n")
+            write_summary(col.out_dir, s)
         log.info("slobench: %d records gathered (%d sent) in %s", totals["gathered"], totals["sent"], col.out_dir)
 
     def status(self) -> dict[str, Any]:
