@@ -107,6 +107,35 @@ def test_collector_judges_the_ttft_slo_with_failures_as_broken_promises(tmp_path
     col.close()
 
 
+def test_collector_judges_a_mean_ttft_slo(tmp_path):
+    """A tier's mean TTFT SLO (``ttft_ms@mean``): certain once what is in, over the planned requests, is past
+    it; at the end, the window's mean against it."""
+    specs, _ = load_scenario(scenario(tmp_path, "name: t\nworkload: {input_len: 4, output_len: 2}\n"
+                                                "tiers: {premium: {weight: 1}}\n"
+                                                "load: {arrival: constant, rate: 100, requests: 10}\n")).build()
+    plan = plan_from_specs(specs, tier_slos={"premium": {"ttft_ms@mean": 100.0}})
+    col = Collector(tmp_path / "out", plan, 0.99)
+
+    def rec(i, ttft_ms):
+        s = specs[i]
+        first = s.arrival_s + ttft_ms / 1000
+        return json.dumps({"id": s.id, "stage": 0, "tier": "premium", "scheduled_s": s.arrival_s, "sent_s": s.arrival_s,
+                           "first_token_s": first, "token_s": [first], "done_s": first + 0.01, "prompt_tokens": 4,
+                           "output_tokens": 1, "status": "ok", "http_status": 200, "error": None, "server": None})
+
+    col.feed("w1", {"records": [rec(i, 150.0) for i in range(5)], "counters": {"sent": 5}, "finished": False,
+                    "sent_by_stage": {0: 5}})
+    j = col.judge(0, final=False)[0]
+    assert j.statistic == "mean" and not j.broken  # 750 ms over 10 planned: 75 ms, the rest may still save it
+    col.feed("w1", {"records": [rec(i, 150.0) for i in range(5, 7)], "counters": {"sent": 7}, "finished": False})
+    j = col.judge(0, final=False)[0]
+    assert j.broken and j.certain  # 1,050 ms over 10 planned: past 100 ms whatever follows
+    col.feed("w1", {"records": [rec(i, 10.0) for i in range(7, 10)], "counters": {"sent": 10}, "finished": True})
+    j = col.judge(0, final=True)[0]
+    assert j.value_ms == pytest.approx(108.0) and j.broken and j.as_dict()["statistic"] == "mean"
+    col.close()
+
+
 # ------------------------------------------------------------------ Locust processes
 
 

@@ -19,8 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from loadgen.drivers.locust.plan import Plan
 from loadgen.results import latency
+from loadgen.results.slo import slo_key
 
 COUNTERS = ("sent", "done", "in_flight", "ok", "errors", "output_tokens")
 
@@ -54,13 +57,14 @@ class TierJudgement:
     tier: str
     threshold_ms: float
     n: int
-    value_ms: float | None  # the quantile; None when no request, inf as None too (see ``broken``)
+    value_ms: float | None  # the quantile (or the mean); None when no request, inf as None too (see ``broken``)
     broken: bool
     certain: bool  # decided before the stage's requests were all in: over-threshold count already too high
+    statistic: str = "quantile"  # quantile | mean (a ``ttft_ms@mean`` SLO)
 
     def as_dict(self) -> dict[str, Any]:
         return {"tier": self.tier, "threshold_ms": self.threshold_ms, "n": self.n, "value_ms": self.value_ms,
-                "broken": self.broken, "certain": self.certain}
+                "broken": self.broken, "certain": self.certain, "statistic": self.statistic}
 
 
 def bucket_3_significant(response_time: float) -> float:
@@ -161,22 +165,27 @@ class Collector:
     # -------------------------------------------------------------- SLO
 
     def judge(self, k: int, final: bool) -> list[TierJudgement]:
-        """The TTFT SLO of each tier that has one, on stage ``k``'s judged window. ``final``: all its
-        requests are in; otherwise only a breach that is already certain is reported as broken."""
+        """The TTFT SLO of each tier that has one (its quantile, or its mean: ``ttft_ms@mean``), on stage
+        ``k``'s judged window. ``final``: all its requests are in; otherwise only a breach that is already
+        certain is reported as broken."""
         out = []
         for tier, slo in self.plan.tier_slos.items():
-            thr = slo.get("ttft_ms")
-            if thr is None:
-                continue
-            vals = self.ttft[k].get(tier, [])
-            over = sum(1 for v in vals if v > thr)
-            planned = self.window[k].get(tier, 0)
-            certain = planned > 0 and over > (1.0 - self.q) * planned  # no later request can save it
-            if not vals:
-                out.append(TierJudgement(tier, thr, 0, None, False, False))
-                continue
-            val = latency.quantile(vals, self.q)
-            broken = (val > thr) if final else certain
-            out.append(TierJudgement(tier, thr, len(vals), val if math.isfinite(val) else None, broken,
-                                     certain and not final))
+            for key in ("ttft_ms", slo_key("ttft_ms", "mean")):
+                if key in slo:
+                    out.append(self._judge_tier(k, tier, float(slo[key]), key != "ttft_ms", final))
         return out
+
+    def _judge_tier(self, k: int, tier: str, thr: float, mean: bool, final: bool) -> TierJudgement:
+        vals = self.ttft[k].get(tier, [])
+        planned = self.window[k].get(tier, 0)
+        if mean:  # what is in already, over all the planned requests (the rest at 0 ms), is a lower bound
+            certain = planned > 0 and sum(vals) / max(planned, len(vals)) > thr
+        else:  # no later request can save it
+            certain = planned > 0 and sum(1 for v in vals if v > thr) > (1.0 - self.q) * planned
+        statistic = "mean" if mean else "quantile"
+        if not vals:
+            return TierJudgement(tier, thr, 0, None, False, False, statistic)
+        val = float(np.mean(vals)) if mean else latency.quantile(vals, self.q)
+        broken = (val > thr) if final else certain
+        return TierJudgement(tier, thr, len(vals), val if math.isfinite(val) else None, broken, certain and not final,
+                             statistic)

@@ -134,10 +134,12 @@ class Control:
                 b = broken[0]
                 val = f"{b.value_ms:.1f} ms" if b.value_ms is not None else "failed requests"
                 self.breach = {"stage": st.index, "load": st.load, "axis": st.axis, "tier": b.tier,
-                               "quantile": q, "value_ms": b.value_ms, "threshold_ms": b.threshold_ms,
+                               "quantile": "mean" if b.statistic == "mean" else q, "value_ms": b.value_ms,
+                               "threshold_ms": b.threshold_ms,
                                "certain_early": b.certain}
                 self.stop_sending(f"TTFT SLO broken at stage {st.index} ({st.axis} {st.load:g}): tier {b.tier} "
-                                  f"p{100 * q:g} TTFT {val} > {b.threshold_ms:g} ms", cancel=True)
+                                  f"{'mean' if b.statistic == 'mean' else f'p{100 * q:g}'} TTFT {val} > "
+                                  f"{b.threshold_ms:g} ms", cancel=True)
         end = max((s.end_s for s in plan.stages), default=0.0)
         drain_s = float(self.opts.get("drain_s") or 60.0)
         if self.stopping_since is None and t >= end + drain_s and not col.all_in(self.nodes):
