@@ -19,6 +19,11 @@ from .test_capacity_rating import LOADS, curve_steps
 
 @pytest.fixture
 def plan(tmp_path):
+    return rated_plan(tmp_path)
+
+
+def rated_plan(tmp_path):
+    """A one-tier capacity plan (standard p99 TTFT 300 ms, a ramp from 2 req/s on common arrivals)."""
     p = tmp_path / "s.yaml"
     p.write_text("name: r\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
                  "search: {start: 2, growth: 2, tolerance: 0.05, arrivals: common}\nclient: {lateness_bound_ms: 10}\n")

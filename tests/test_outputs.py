@@ -13,16 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.capacity.headline import headline, search_account
-from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.run import build_summary
 from loadgen.capacity.steps_csv import SLO_FIGURES, write_steps_csv
 from loadgen.commands.capacity import print_verdict
 from loadgen.results.export import COLUMNS, export_records, records_table
 from loadgen.results.records import RequestRecord
 from loadgen.results.rundir import SCHEMA_VERSION, write_summary
-from loadgen.scenario.parse import load_scenario
 from tests.helpers import MockServers, slobench
-from tests.test_capacity_rated import search
+from tests.test_capacity_rated import rated_plan, search
 from tests.test_report_fixtures import make_capacity_run, make_fixed_run
 
 FIXED = "name: out-fixed\nworkload: {input_len: 8, output_len: 4}\nload: {arrival: poisson, rate: 40, requests: 12}\n"
@@ -224,10 +222,7 @@ def test_capacity_run_parquet_maps_each_record_to_its_step_load(runs):
 
 @pytest.fixture
 def plan(tmp_path):
-    p = tmp_path / "s.yaml"
-    p.write_text("name: r\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
-                 "search: {start: 2, growth: 2, tolerance: 0.05, arrivals: common}\nclient: {lateness_bound_ms: 10}\n")
-    return CapacityPlan.from_scenario(load_scenario(p))
+    return rated_plan(tmp_path)
 
 
 def test_the_headline_is_the_offered_rate_in_the_verdict_and_printed_once(plan, capsys, monkeypatch):

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from loadgen.capacity.search import fmt_load as fmt  # the search words its loads so
+
 INVALID_SEP = "; the steps say: "  # the search's text of an invalid verdict: "INVALID (why); the steps say: ..."
 RATED_HEAD = "rated capacity "
-
-
-def fmt(x: float) -> str:
-    """Three significant digits, whole numbers from 100 up (as the search words its loads)."""
-    return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
 
 
 def headline(rated: dict[str, Any] | None, search_verdict: str | None, axis: str) -> str | None:

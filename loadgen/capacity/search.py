@@ -350,22 +350,22 @@ class CapacitySearch:
         if lo is None:
             low = min((s.load for s in self.steps if s.counted), default=None)
             reached = low is not None and low <= c.min_load
-            text = (f"never met: the SLO broke at every load tried, down to {_fmt(low)} {u}"
+            text = (f"never met: the SLO broke at every load tried, down to {fmt_load(low)} {u}"
                     if low is not None else "never met: no step was measured")
             if not reached and low is not None:
-                text += f" (the search stopped after {n} steps, before min_load {_fmt(c.min_load)} {u})"
+                text += f" (the search stopped after {n} steps, before min_load {fmt_load(c.min_load)} {u})"
             verdict, rated, fail, conv = "never_met", None, low, reached
         elif hi is None:
             conv = lo >= c.max_load
-            text = f"never broke: every SLO held up to {_fmt(lo)} {u}"
+            text = f"never broke: every SLO held up to {fmt_load(lo)} {u}"
             text += (" (max_load); the capacity is at least that" if conv else
-                     f" (the search stopped after {n} steps, before max_load {_fmt(c.max_load)} {u}); "
+                     f" (the search stopped after {n} steps, before max_load {fmt_load(c.max_load)} {u}); "
                      "the capacity is at least that")
             verdict, rated, fail = "never_broke", lo, None
         else:
             conv = self._converged(lo, hi)
             width = (hi - lo) / lo
-            text = (f"rated capacity {_fmt(lo)} {u}: every SLO held there and broke at {_fmt(hi)} {u} "
+            text = (f"rated capacity {fmt_load(lo)} {u}: every SLO held there and broke at {fmt_load(hi)} {u} "
                     f"({100 * width:.1f}% above)")
             if not conv:
                 by = "search was ended" if self.ended_by else "step budget ended the bisection"
@@ -394,7 +394,6 @@ class CapacitySearch:
         return out
 
 
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
+def fmt_load(x: float | None) -> str:
+    """A load in three significant digits, whole numbers from 100 up; "-" for none."""
+    return "-" if x is None else f"{x:.3g}" if x < 100 else f"{x:.0f}"
