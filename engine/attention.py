@@ -155,6 +155,8 @@ def _prefill_one(
     group = num_heads // num_kv_heads
     k = gather_kv(k_cache, block_table, ctx_len, "k")[0].transpose(0, 1)  # [Hkv, L, D]
     v = gather_kv(v_cache, block_table, ctx_len, "v")[0].transpose(0, 1)
+    if q_len == ctx_len:
+        return _causal_prefill(q, k, v, group, scale)
     # [q_len, Hq, D] -> [Hkv, group * q_len, D]: rows ordered (group member, token).
     qi = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qi = qi.reshape(num_kv_heads, group * q_len, head_dim).to(k.dtype)
@@ -166,3 +168,21 @@ def _prefill_one(
     o = F.scaled_dot_product_attention(qi[None], k[None], v[None], attn_mask=mask.repeat(group, 1)[None, None],
                                        scale=scale)[0]
     return o.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3).flatten(1, 2).to(q.dtype)
+
+
+def _causal_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float) -> torch.Tensor:
+    """A prefill with nothing cached before it ([L, Hq, D] against k, v [Hkv, L, D]): plain causal attention.
+
+    is_causal lets the fused kernel skip the upper triangle; an explicit [group * L, L] mask made it build and
+    compute the whole square (one `tiny` layer's 4096-token prefill: 550 ms vs 150 ms on the 2-core CPU,
+    same result), so an unchunked prefill looked slow for a reason that has nothing to do with chunking. The
+    query heads sharing a KV head see it through an expanded view (no copy); enable_gqa would do the same but
+    needs torch >= 2.5.
+    """
+    q_len, _, head_dim = q.shape
+    num_kv_heads = k.shape[0]
+    qi = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).to(k.dtype)  # [Hkv, group, L, D]
+    shape = (num_kv_heads, group, q_len, head_dim)
+    o = F.scaled_dot_product_attention(qi, k[:, None].expand(shape), v[:, None].expand(shape), is_causal=True,
+                                       scale=scale)
+    return o.permute(2, 0, 1, 3).flatten(1, 2).to(q.dtype)
