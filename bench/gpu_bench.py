@@ -10,9 +10,10 @@
    token, plus causal attention).
 
 The model is a random-weight Llama of the named shape (``--shape``: ``1b`` is Llama-3.2-1B's layers; built in
-memory, nothing downloaded). The hardware profile (``--hardware``) comes from ``slobench plan``'s table
-(``loadgen/planning/hardware.py``); by default the one whose name the CUDA device's name contains, or on the
-CPU the host measured here.
+memory, nothing downloaded). The roofline's figures: ``--hardware`` names one of ``slobench plan``'s profiles
+(``loadgen/planning/hardware.py``); by default the datasheet row of ``DEVICES`` whose name is exactly the CUDA
+device's (``device_profile``), or on the CPU the host measured here. A CUDA device not in ``DEVICES`` gets no
+roofline (``hardware`` and the fractions are null, ``hardware_source`` says why), never a guess.
 
     .venv/bin/python bench/gpu_bench.py --json bench/results/gpu.json                 # on a CUDA machine
     .venv/bin/python bench/gpu_bench.py --device cpu --shape small --batches 1 4 \\
@@ -45,7 +46,7 @@ from engine import loader  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
-from loadgen.planning.hardware import ACCELERATORS, Accelerator, measure_host  # noqa: E402
+from loadgen.planning.hardware import ACCELERATORS, GB, TB, Accelerator, measure_host  # noqa: E402
 from loadgen.planning.model_shape import ModelShape, from_config  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402
 
@@ -107,7 +108,7 @@ def shape_of(engine: Engine) -> ModelShape:
     return from_config(engine.model_config, engine.runner.kv_caches[0][0].element_size())
 
 
-def decode(engine: Engine, args: argparse.Namespace, hw: Accelerator) -> list[dict]:
+def decode(engine: Engine, args: argparse.Namespace, hw: Accelerator | None) -> list[dict]:
     rng = random.Random(2)
     rows = []
     shape = shape_of(engine)
@@ -131,16 +132,17 @@ def decode(engine: Engine, args: argparse.Namespace, hw: Accelerator) -> list[di
             engine.step()
         step_s = statistics.median(times)
         bytes_ = weights + statistics.median(contexts) * per_token_kv
-        roofline_s = bytes_ / hw.bandwidth_bytes_s
+        roofline_s = bytes_ / hw.bandwidth_bytes_s if hw else None
         rows.append({"batch": batch, "context": args.context, "step_ms": step_s * 1e3,
-                     "tokens_per_s": batch / step_s, "bytes_per_step": bytes_, "roofline_ms": roofline_s * 1e3,
-                     "roofline_fraction": roofline_s / step_s})
-        print(f"decode batch {batch:4d}: {step_s * 1e3:8.3f} ms/step, roofline {roofline_s * 1e3:.3f} ms "
-              f"({roofline_s / step_s:.0%})", flush=True)
+                     "tokens_per_s": batch / step_s, "bytes_per_step": bytes_,
+                     "roofline_ms": roofline_s * 1e3 if hw else None,
+                     "roofline_fraction": roofline_s / step_s if hw else None})
+        roof = f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / step_s:.0%})" if hw else "no roofline"
+        print(f"decode batch {batch:4d}: {step_s * 1e3:8.3f} ms/step, {roof}", flush=True)
     return rows
 
 
-def prefill(engine: Engine, args: argparse.Namespace, hw: Accelerator) -> dict:
+def prefill(engine: Engine, args: argparse.Namespace, hw: Accelerator | None) -> dict:
     rng = random.Random(3)
     shape = shape_of(engine)
     n = args.prefill_tokens
@@ -161,19 +163,55 @@ def prefill(engine: Engine, args: argparse.Namespace, hw: Accelerator) -> dict:
         times.append(time.perf_counter() - t)
     step_s = statistics.median(times)
     return {"tokens": n, "step_ms": step_s * 1e3, "tokens_per_s": n / step_s, "flops": flops,
-            "flops_fraction": flops / step_s / hw.flops}
+            "flops_fraction": flops / step_s / hw.flops if hw else None}
 
 
-def hardware(args: argparse.Namespace) -> Accelerator:
+# The CUDA devices this bench may run on, by the exact name ``torch.cuda.get_device_name()`` gives: a substring
+# would give an H100 PCIe (2.0 TB/s) the SXM part's 3.35 TB/s. Figures from the vendors' datasheets, dense bf16
+# (half the "with sparsity" figure the sheets print), "GB" as printed (10^9 bytes):
+# - NVIDIA H100 Tensor Core GPU datasheet: H100 SXM 80 GB, 3.35 TB/s, 1,979 sparse; H100 NVL 94 GB, 3.9 TB/s,
+#   1,671 sparse; H100 PCIe (the sheet's earlier edition) 80 GB, 2 TB/s, 1,513 sparse.
+# - NVIDIA H200 Tensor Core GPU datasheet: H200 SXM 141 GB, 4.8 TB/s, 1,979 sparse; H200 NVL 141 GB, 4.8 TB/s,
+#   1,671 sparse.
+# - NVIDIA A100 Tensor Core GPU datasheet: 312 dense; 40GB PCIe 1,555 GB/s, 80GB PCIe 1,935 GB/s, 40GB SXM
+#   1,555 GB/s, 80GB SXM 2,039 GB/s.
+# - NVIDIA L4 datasheet: 24 GB, 300 GB/s, 242 sparse. NVIDIA L40S datasheet: 48 GB, 864 GB/s, 362.05 dense.
+# - NVIDIA DGX B200 datasheet, per GPU: 180 GB, 8 TB/s, 2,250 dense (as loadgen/planning/hardware.py).
+DEVICES: dict[str, Accelerator] = {name: Accelerator(label, mem * GB, bw * TB, tflops * 1e12, sheet)
+                                   for name, label, mem, bw, tflops, sheet in (
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 80, 3.35, 989.5, "NVIDIA H100 datasheet (SXM)"),
+    ("NVIDIA H100 NVL", "H100 NVL", 94, 3.9, 835.5, "NVIDIA H100 datasheet (NVL)"),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 80, 2.0, 756.5, "NVIDIA H100 datasheet (PCIe)"),
+    ("NVIDIA H200", "H200 SXM", 141, 4.8, 989.5, "NVIDIA H200 datasheet (SXM)"),
+    ("NVIDIA H200 NVL", "H200 NVL", 141, 4.8, 835.5, "NVIDIA H200 datasheet (NVL)"),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM", 80, 2.039, 312, "NVIDIA A100 datasheet (80GB SXM)"),
+    ("NVIDIA A100-SXM4-40GB", "A100 40GB SXM", 40, 1.555, 312, "NVIDIA A100 datasheet (40GB SXM)"),
+    ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", 80, 1.935, 312, "NVIDIA A100 datasheet (80GB PCIe)"),
+    ("NVIDIA A100-PCIE-40GB", "A100 40GB PCIe", 40, 1.555, 312, "NVIDIA A100 datasheet (40GB PCIe)"),
+    ("NVIDIA L4", "L4", 24, 0.300, 121, "NVIDIA L4 datasheet"),
+    ("NVIDIA L40S", "L40S", 48, 0.864, 362.05, "NVIDIA L40S datasheet"),
+    ("NVIDIA B200", "B200", 180, 8.0, 2250, "NVIDIA DGX B200 datasheet (per GPU)"),
+)}
+
+
+def device_profile(name: str) -> Accelerator | None:
+    """The datasheet figures of the CUDA device named exactly ``name``; None for any other name (no guess)."""
+    return DEVICES.get(name)
+
+
+def hardware(args: argparse.Namespace) -> tuple[Accelerator | None, str]:
+    """The roofline's figures and where they come from; None (and why) for a CUDA device not in DEVICES."""
     if args.hardware:
-        return ACCELERATORS[args.hardware.lower()]
+        acc = ACCELERATORS[args.hardware.lower()]
+        return acc, f"--hardware {args.hardware}: {acc.source}"
     if args.device.startswith("cuda"):
-        name = torch.cuda.get_device_name().lower()
-        for key, acc in ACCELERATORS.items():
-            if key.split("-")[0] in name:
-                return acc
-        raise SystemExit(f"no profile for {name!r}: pass --hardware (one of {', '.join(ACCELERATORS)})")
-    return measure_host(threads=torch.get_num_threads(), dtype=args.dtype or "float32")
+        name = torch.cuda.get_device_name()
+        acc = device_profile(name)
+        if acc is None:
+            return None, f"no datasheet figures for {name!r}: no roofline (pass --hardware to name a profile)"
+        return acc, f"{name!r}: {acc.source}"
+    acc = measure_host(threads=torch.get_num_threads(), dtype=args.dtype or "float32")
+    return acc, acc.source
 
 
 def main() -> int:
@@ -194,10 +232,12 @@ def main() -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("no CUDA device here: pass --device cpu to check the script on a CPU")
     model = register_shape(args.shape)
-    hw = hardware(args)
+    hw, hw_note = hardware(args)
+    print("roofline figures:", hw_note, flush=True)
     out = {"bench": "gpu_bench", "when": now_iso(), "commit": git_commit(), "machine": machine(),
            "versions": versions(), "device": torch.cuda.get_device_name() if args.device.startswith("cuda")
-           else "cpu", "hardware": hw.as_dict(), "shape": {args.shape: SHAPES[args.shape]}}
+           else "cpu", "hardware": hw.as_dict() if hw else None,
+           "hardware_source": hw_note, "shape": {args.shape: SHAPES[args.shape]}}
     out["parity"] = parity(model, args)
     print("parity", json.dumps(out["parity"]), flush=True)
     engine = make_engine(model, args, use_triton=None, max_seqs=max(args.batches))
