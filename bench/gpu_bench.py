@@ -4,8 +4,11 @@
    (mixed lengths, a shared prefix so that later prompts hit the prefix cache): the share of identical tokens
    and where each prompt's outputs first diverge (bfloat16 near-ties may flip a late token).
 2. **Decode step time against the HBM roofline**: for each batch size, the median time of a decode step once
-   every sequence is prefilled, beside the time the step's bytes take at the accelerator's bandwidth (all
-   weights once, plus every sequence's cached K/V): ``roofline_fraction`` = roofline / measured.
+   every sequence is prefilled (after ``--decode-warmup`` untimed steps), beside the time the step's bytes take
+   at the accelerator's bandwidth (all weights once, plus every sequence's cached K/V): ``roofline_fraction`` =
+   roofline / measured. Every timed step runs exactly the row's batch: the sequences' max_tokens outlast the
+   timed steps (they are aborted after them), ``running_seqs`` gives min/median/max of the sequences each timed
+   step ran, and any other count stops the bench with an error instead of a row.
 3. **Prefill tokens/s** of one long prompt per step, against the accelerator's dense FLOPs (2 x parameters per
    token, plus causal attention).
 
@@ -108,38 +111,79 @@ def shape_of(engine: Engine) -> ModelShape:
     return from_config(engine.model_config, engine.runner.kv_caches[0][0].element_size())
 
 
+def decode_max_tokens(kv_tokens: int, batch: int, context: int, block_size: int, max_model_len: int) -> int:
+    """max_tokens for each of ``batch`` decoding sequences: its whole share of the KV cache (whole blocks), within
+    the model's length. Far more than the timed steps need, so that no sequence ends before them (the row is
+    aborted after its timed steps); how many ran in each timed step is still counted (``running_seqs``)."""
+    share = kv_tokens // batch // block_size * block_size
+    return min(share, max_model_len) - context
+
+
+def running_seqs(counts: list[int], batch: int) -> dict:
+    """min/median/max of the sequences that ran in each timed step; a RuntimeError unless every one ran
+    ``batch``: a row's step time is the named batch's, or there is no row."""
+    if not counts or any(c != batch for c in counts):
+        raise RuntimeError(f"decode batch {batch}: the timed steps ran {counts} sequences, not {batch} each "
+                           "(a sequence finished, was preempted or never started; raise --kv-tokens?)")
+    return {"min": min(counts), "median": statistics.median(counts), "max": max(counts)}
+
+
+def timed_step(engine: Engine, device: str) -> tuple[float, int, int]:
+    """One engine step: its seconds, the KV tokens of the sequences it holds, and how many of them it ran (gained
+    a token in it: a finished one too, a preempted one not)."""
+    seqs = [s for r in engine.requests.values() for s in r.seqs]
+    before = [s.num_output_tokens for s in seqs]
+    context = sum(s.num_tokens for s in seqs)
+    sync(device)
+    t = time.perf_counter()
+    engine.step()  # the sampled tokens come back to the host: the step has finished on the device
+    elapsed = time.perf_counter() - t
+    return elapsed, context, sum(s.num_output_tokens > b for s, b in zip(seqs, before, strict=True))
+
+
+def decode_row(engine: Engine, args: argparse.Namespace, hw: Accelerator | None, shape: ModelShape,
+               batch: int, rng: random.Random) -> dict:
+    max_tokens = decode_max_tokens(engine.block_manager.num_blocks * engine.config.block_size, batch,
+                                   args.context, engine.config.block_size, engine.max_model_len)
+    if max_tokens <= args.decode_warmup + args.decode_steps:
+        raise SystemExit(f"decode batch {batch}: each sequence's share of the KV cache leaves {max_tokens} tokens, "
+                         f"not more than the {args.decode_warmup + args.decode_steps} steps: raise --kv-tokens")
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    ids = [engine.add_request([rng.randrange(3, 250) for _ in range(args.context)], params, slo_admission=False)
+           for _ in range(batch)]
+    engine.step()  # takes the new requests in
+    while not all(r.seqs and r.seqs[0].num_output_tokens > 0 for r in engine.requests.values()):
+        engine.step()  # prefill everything first
+    for _ in range(args.decode_warmup):
+        engine.step()
+    times, contexts, counts = [], [], []
+    for _ in range(args.decode_steps):
+        step_s, context, ran = timed_step(engine, args.device)
+        times.append(step_s)
+        contexts.append(context)
+        counts.append(ran)
+    for request_id in ids:  # their max_tokens outlast the timed steps by far: end them here
+        engine.abort(request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+    running = running_seqs(counts, batch)
+    step_s = statistics.median(times)
+    bytes_ = shape.weights_bytes + statistics.median(contexts) * shape.kv_bytes_per_token
+    roofline_s = bytes_ / hw.bandwidth_bytes_s if hw else None
+    row = {"batch": batch, "context": args.context, "running_seqs": running, "step_ms": step_s * 1e3,
+           "tokens_per_s": batch / step_s, "bytes_per_step": bytes_,
+           "roofline_ms": roofline_s * 1e3 if hw else None, "roofline_fraction": roofline_s / step_s if hw else None}
+    roof = f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / step_s:.0%})" if hw else "no roofline"
+    print(f"decode batch {batch:4d}: {step_s * 1e3:8.3f} ms/step, {roof}; running {running}", flush=True)
+    return row
+
+
 def decode(engine: Engine, args: argparse.Namespace, hw: Accelerator | None) -> list[dict]:
+    """Per batch size, the median decode step with exactly that many sequences running in every timed step (the
+    row says so in ``running_seqs``, or the bench stops with an error), beside its roofline."""
     rng = random.Random(2)
-    rows = []
     shape = shape_of(engine)
-    per_token_kv, weights = shape.kv_bytes_per_token, shape.weights_bytes
-    for batch in args.batches:
-        for _ in range(batch):
-            engine.add_request([rng.randrange(3, 250) for _ in range(args.context)],
-                               SamplingParams(max_tokens=args.decode_steps + 8, ignore_eos=True, temperature=0.0))
-        engine.step()  # takes the new requests in
-        while not all(r.seqs and r.seqs[0].num_output_tokens > 0 for r in engine.requests.values()):
-            engine.step()  # prefill everything first
-        assert len(engine.requests) == batch, "every sequence decodes in the timed steps"
-        times, contexts = [], []
-        for _ in range(args.decode_steps):
-            contexts.append(sum(r.seqs[0].num_tokens for r in engine.requests.values()))
-            sync(args.device)
-            t = time.perf_counter()
-            engine.step()  # the sampled tokens come back to the host: the step has finished on the device
-            times.append(time.perf_counter() - t)
-        while engine.has_unfinished_requests():
-            engine.step()
-        step_s = statistics.median(times)
-        bytes_ = weights + statistics.median(contexts) * per_token_kv
-        roofline_s = bytes_ / hw.bandwidth_bytes_s if hw else None
-        rows.append({"batch": batch, "context": args.context, "step_ms": step_s * 1e3,
-                     "tokens_per_s": batch / step_s, "bytes_per_step": bytes_,
-                     "roofline_ms": roofline_s * 1e3 if hw else None,
-                     "roofline_fraction": roofline_s / step_s if hw else None})
-        roof = f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / step_s:.0%})" if hw else "no roofline"
-        print(f"decode batch {batch:4d}: {step_s * 1e3:8.3f} ms/step, {roof}", flush=True)
-    return rows
+    return [decode_row(engine, args, hw, shape, batch, rng) for batch in args.batches]
 
 
 def prefill(engine: Engine, args: argparse.Namespace, hw: Accelerator | None) -> dict:
@@ -222,7 +266,8 @@ def main() -> int:
     ap.add_argument("--hardware", help=f"roofline profile: {', '.join(a.name for a in ACCELERATORS.values())}")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     ap.add_argument("--context", type=int, default=512, help="prompt tokens of each decoding sequence")
-    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--decode-steps", type=int, default=32, help="timed decode steps per batch size")
+    ap.add_argument("--decode-warmup", type=int, default=2, help="untimed decode steps before them")
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--prefill-repeats", type=int, default=5)
     ap.add_argument("--parity-tokens", type=int, default=48)

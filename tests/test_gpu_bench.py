@@ -1,5 +1,5 @@
-"""bench/gpu_bench.py runs end to end on the CPU (its figures need a GPU; its code must not rot without one), and
-its pure piece: the exact device-name table."""
+"""bench/gpu_bench.py runs end to end on the CPU (its figures need a GPU; its code must not rot without one), and its
+pure pieces: the exact device-name table, each decode row's full-batch check."""
 
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ def test_the_gpu_bench_writes_every_figure_on_a_cpu(tmp_path):
     assert [row["batch"] for row in result["decode"]] == [1, 3]
     for row in result["decode"]:
         assert row["step_ms"] > 0 and row["roofline_ms"] > 0 and row["roofline_fraction"] > 0
+        # Every timed step ran the row's whole batch.
+        assert row["running_seqs"] == {"min": row["batch"], "median": row["batch"], "max": row["batch"]}
     # Weights once, plus each sequence's cached K/V: more sequences, more bytes.
     assert result["decode"][1]["bytes_per_step"] > result["decode"][0]["bytes_per_step"]
     assert result["prefill"]["tokens"] == 96 and result["prefill"]["tokens_per_s"] > 0
@@ -78,3 +80,45 @@ def test_a_known_cuda_device_names_its_datasheet(monkeypatch):
     monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 PCIe")
     hw, note = gpu_bench.hardware(argparse.Namespace(hardware=None, device="cuda", dtype=None))
     assert hw.name == "H100 PCIe" and "datasheet" in note
+
+
+# ---- each decode row runs its whole batch -----------------------------------------------------------------------
+def test_running_seqs_summarises_steps_that_all_ran_the_batch():
+    assert gpu_bench.running_seqs([4, 4, 4], 4) == {"min": 4, "median": 4, "max": 4}
+
+
+@pytest.mark.parametrize("counts", [[4, 3, 4], [4, 4, 5], [], [0]])
+def test_a_step_that_ran_another_count_is_an_error_not_a_row(counts):
+    with pytest.raises(RuntimeError, match="not 4 each"):
+        gpu_bench.running_seqs(counts, 4)
+
+
+def test_each_sequence_gets_its_share_of_the_kv_cache():
+    for batch in (1, 3, 8, 256):
+        n = gpu_bench.decode_max_tokens(1 << 18, batch, 512, 16, 32768)
+        assert batch * (512 + n) <= 1 << 18 and (512 + n) % 16 == 0 and 512 + n <= 32768
+    assert gpu_bench.decode_max_tokens(1 << 18, 256, 512, 16, 32768) == 512  # far past 32 steps + warm-up
+    assert gpu_bench.decode_max_tokens(1 << 20, 1, 512, 16, 4096) == 4096 - 512  # the model's length caps it
+
+
+def test_decode_rows_without_a_profile_carry_no_roofline():
+    args = argparse.Namespace(device="cpu", dtype=None, prefill_tokens=64, kv_tokens=2048, batches=[1, 2],
+                              context=20, decode_steps=3, decode_warmup=1)
+    engine = gpu_bench.make_engine(gpu_bench.register_shape("small"), args, use_triton=False, max_seqs=2)
+    rows = gpu_bench.decode(engine, args, None)
+    assert [(r["batch"], r["running_seqs"]["min"], r["running_seqs"]["max"]) for r in rows] == [(1, 1, 1), (2, 2, 2)]
+    assert all(r["roofline_ms"] is None and r["roofline_fraction"] is None and r["step_ms"] > 0 for r in rows)
+    assert not engine.has_unfinished_requests()  # the row's sequences were ended after its timed steps
+
+
+def test_a_sequence_that_finishes_drops_the_count_of_the_steps_after_it():
+    """The audit's case: a sequence with too few max_tokens ends mid-way; the steps after it run fewer sequences."""
+    args = argparse.Namespace(device="cpu", dtype=None, prefill_tokens=64, kv_tokens=2048)
+    engine = gpu_bench.make_engine(gpu_bench.register_shape("small"), args, use_triton=False, max_seqs=2)
+    for max_tokens in (3, 50):
+        engine.add_request(list(range(3, 23)), gpu_bench.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    engine.step()  # both prefilled: one token out each
+    counts = [gpu_bench.timed_step(engine, "cpu")[2] for _ in range(4)]
+    assert counts == [2, 2, 1, 1]  # the short one's last token is in the second step
+    with pytest.raises(RuntimeError, match=r"ran \[2, 2, 1, 1\] sequences, not 2 each"):
+        gpu_bench.running_seqs(counts, 2)
