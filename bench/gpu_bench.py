@@ -21,6 +21,7 @@ roofline (``hardware`` and the fractions are null, ``hardware_source`` says why)
     .venv/bin/python bench/gpu_bench.py --json bench/results/gpu.json                 # on a CUDA machine
     .venv/bin/python bench/gpu_bench.py --device cpu --shape small --batches 1 4 \\
         --context 64 --prefill-tokens 256 --json /tmp/gpu-bench-cpu.json           # the script itself, on a CPU
+    TRITON_INTERPRET=1 .venv/bin/python bench/gpu_bench.py --device cpu --shape tiny ...  # parity too, interpreted
 
 On CUDA the engine replays its decode steps from CUDA graphs (``decode_graphs="auto"``, engine/decode_graphs.py),
 so the parity check covers the captured path, and the decode steps are timed again with graphs off
@@ -56,6 +57,8 @@ from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # no
 SHAPES = {  # a byte-level vocabulary: the output layer stays small, the decoder is the named model's
     "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
            "num_key_value_heads": 8, "head_dim": 64},
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 64},  # the parity check interpreted on a CPU, in the tests
     "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
               "num_key_value_heads": 4, "head_dim": 64},
 }
@@ -83,6 +86,10 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def attention_name(engine: Engine) -> str:
+    return getattr(engine.model.attention_fn, "__name__", str(engine.model.attention_fn))
+
+
 def parity(model: str, args: argparse.Namespace) -> dict:
     if importlib.util.find_spec("triton") is None:
         return {"skipped": "triton is not installed"}
@@ -90,20 +97,22 @@ def parity(model: str, args: argparse.Namespace) -> dict:
         return {"skipped": "no CUDA device: set TRITON_INTERPRET=1 to run the Triton kernel interpreted"}
     rng = random.Random(1)
     shared = [rng.randrange(3, 250) for _ in range(48)]
-    prompts = [shared + [rng.randrange(3, 250) for _ in range(n)] for n in (1, 17, 80, 200, 5, 333)]
+    prompts = [shared + [rng.randrange(3, 250) for _ in range(n)] for n in args.parity_lengths]
     params = SamplingParams(max_tokens=args.parity_tokens, temperature=0.0, ignore_eos=True)
-    outs = {}
+    outs, attention = {}, {}
     for use_triton in (True, False):  # Triton (with decode graphs on CUDA) against the torch reference (eager)
         engine = make_engine(model, args, use_triton=use_triton, max_seqs=len(prompts),
                              decode_graphs="auto" if use_triton else "off")
+        attention[use_triton] = attention_name(engine)
         outs[use_triton] = [o.token_ids for o in engine.generate(prompts, params)]
         del engine
     same = sum(a == b for t, r in zip(outs[True], outs[False], strict=True) for a, b in zip(t, r, strict=True))
     total = sum(len(t) for t in outs[False])
     first = [next((i for i, (a, b) in enumerate(zip(t, r, strict=True)) if a != b), None)
              for t, r in zip(outs[True], outs[False], strict=True)]
-    return {"prompts": len(prompts), "tokens_each": args.parity_tokens, "identical_token_share": same / total,
-            "first_divergence": first, "all_identical": same == total}
+    return {"prompts": len(prompts), "prompt_lengths": [len(p) for p in prompts], "tokens_each": args.parity_tokens,
+            "identical_token_share": same / total, "first_divergence": first, "all_identical": same == total,
+            "attention": {"triton": attention[True], "reference": attention[False]}}
 
 
 def shape_of(engine: Engine) -> ModelShape:
@@ -271,6 +280,8 @@ def main() -> int:
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--prefill-repeats", type=int, default=5)
     ap.add_argument("--parity-tokens", type=int, default=48)
+    ap.add_argument("--parity-lengths", type=int, nargs="+", default=[1, 17, 80, 200, 5, 333],
+                    help="the parity prompts' lengths after their shared 48-token prefix")
     ap.add_argument("--kv-tokens", type=int, default=1 << 18)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -287,7 +298,7 @@ def main() -> int:
     print("parity", json.dumps(out["parity"]), flush=True)
     engine = make_engine(model, args, use_triton=None, max_seqs=max(args.batches))
     out["dtype"] = str(engine.dtype).removeprefix("torch.")
-    out["attention"] = getattr(engine.model.attention_fn, "__name__", str(engine.model.attention_fn))
+    out["attention"] = attention_name(engine)
     out["model"] = shape_of(engine).as_dict()
     graphs = engine.runner.decode_graphs
     out["cuda_graphs"] = bool(graphs is not None and graphs.captured)

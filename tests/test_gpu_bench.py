@@ -1,11 +1,13 @@
-"""bench/gpu_bench.py runs end to end on the CPU (its figures need a GPU; its code must not rot without one), and its
-pure pieces: the exact device-name table, each decode row's full-batch check."""
+"""bench/gpu_bench.py runs end to end on the CPU, its Triton parity check interpreted (its figures need a GPU; its
+code must not rot without one), and its pure pieces: the exact device-name table, each decode row's full-batch
+check."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,15 +28,22 @@ gpu_bench = load_bench()
 
 
 def test_the_gpu_bench_writes_every_figure_on_a_cpu(tmp_path):
+    """The whole script on a tiny model, its parity check included: the Triton kernel through triton's CPU
+    interpreter (TRITON_INTERPRET=1, set before triton is imported) against the torch reference."""
     out = tmp_path / "gpu.json"
-    cmd = [sys.executable, "bench/gpu_bench.py", "--device", "cpu", "--shape", "small", "--batches", "1", "3",
+    cmd = [sys.executable, "bench/gpu_bench.py", "--device", "cpu", "--shape", "tiny", "--batches", "1", "3",
            "--context", "40", "--prefill-tokens", "96", "--decode-steps", "4", "--prefill-repeats", "1",
-           "--kv-tokens", "4096", "--json", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+           "--kv-tokens", "4096", "--parity-tokens", "16", "--json", str(out)]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["cuda_graphs"] is False
-    assert "TRITON_INTERPRET" in result["parity"]["skipped"]  # no CUDA: the Triton path is not compared here
+    parity = result["parity"]
+    assert parity["attention"] == {"triton": "triton_paged_attention", "reference": "paged_attention"}
+    # fp32 on both sides (the kernel's "ieee" dots): greedy tokens agree, the 381-token prompt's too.
+    assert parity["prompt_lengths"] == [49, 65, 128, 248, 53, 381] and parity["tokens_each"] == 16
+    assert parity["all_identical"] and parity["first_divergence"] == [None] * 6
     assert [row["batch"] for row in result["decode"]] == [1, 3]
     for row in result["decode"]:
         assert row["step_ms"] > 0 and row["roofline_ms"] > 0 and row["roofline_fraction"] > 0
@@ -43,8 +52,9 @@ def test_the_gpu_bench_writes_every_figure_on_a_cpu(tmp_path):
     # Weights once, plus each sequence's cached K/V: more sequences, more bytes.
     assert result["decode"][1]["bytes_per_step"] > result["decode"][0]["bytes_per_step"]
     assert result["prefill"]["tokens"] == 96 and result["prefill"]["tokens_per_s"] > 0
-    assert result["model"]["layers"] == 8 and result["hardware"]["name"] == "host"
+    assert result["model"]["layers"] == 2 and result["hardware"]["name"] == "host"
     assert result["hardware_source"].startswith("measured here")
+    assert result["attention"] == "paged_attention"  # the timed engine on the CPU: the torch reference
 
 
 # ---- the device table ------------------------------------------------------------------------------------------
