@@ -53,7 +53,8 @@ def one_run(win: SimulatedSteps, arrivals: str, seed: int, refine_steps: int = 0
     steps, rated = win.search(seed, dataclasses.replace(win.scn.search, arrivals=arrivals, refine_steps=refine_steps))
     r = rating.rate(steps, seed=seed)
     return {"seed": seed, "steps": len(steps), "rate_rps": rated,
-            "estimate": r["estimate"], "ci": [r["ci_low"], r["ci_high"]], "fit": r["fit"]}
+            "estimate": r["estimate"], "ci": [r["ci_low"], r["ci_high"]], "ci_unbounded": r["ci_unbounded"],
+            "fit": r["fit"]}
 
 
 def describe(runs: list[dict], truth: float) -> dict:
@@ -67,11 +68,14 @@ def describe(runs: list[dict], truth: float) -> dict:
                     "spread_of_three_median": float(np.median(spreads)), "spread_of_three_p90": quantile(spreads, 0.9),
                     "triples_within_5pct": float(np.mean(np.asarray(spreads) <= 0.05))}
     est = np.asarray([r["estimate"] for r in runs])
-    lo, hi = np.asarray([r["ci"][0] for r in runs]), np.asarray([r["ci"][1] for r in runs])
+    # an unbounded end holds whatever lies beyond it
+    lo = np.asarray([-math.inf if "low" in r.get("ci_unbounded", []) else r["ci"][0] for r in runs])
+    hi = np.asarray([math.inf if "high" in r.get("ci_unbounded", []) else r["ci"][1] for r in runs])
     others = [float(np.mean((lo[i] <= np.delete(est, i)) & (np.delete(est, i) <= hi[i]))) for i in range(len(runs))]
     out["interval"] = {"holds_truth": float(np.mean((lo <= truth) & (truth <= hi))),
                        "holds_others": float(np.mean(others)),
-                       "median_width": float(np.median((hi - lo) / truth))}
+                       "median_width": float(np.median([(r["ci"][1] - r["ci"][0]) / truth for r in runs])),
+                       "unbounded": float(np.mean([bool(r.get("ci_unbounded")) for r in runs]))}
     out["logistic_fits"] = float(np.mean([r["fit"] == "logistic" for r in runs]))
     return out
 

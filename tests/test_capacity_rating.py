@@ -119,14 +119,38 @@ def test_the_profile_interval_widens_with_the_windows_dispersion():
     one and a wider interval around the same crossing."""
     loads, over, n = binomial_windows()
     rng = np.random.default_rng(8)
-    lo, hi, phi = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
-    assert lo < 10.0 < hi and 1.0 <= phi < 2.0
+    first = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
+    lo, hi, phi = first.low, first.high, first.dispersion
+    assert lo < 10.0 < hi and 1.0 <= phi < 2.0 and first.unbounded == ()
     runs = over * rng.choice([0.0, 2.0], loads.size)
     est, _o, _k = crossing.slo_crossing(loads, runs, n, 0.01)
-    lo2, hi2, phi2 = crossing.profile_interval(loads, runs, n, 0.01, est, 0.95)
+    wide = crossing.profile_interval(loads, runs, n, 0.01, est, 0.95)
+    lo2, hi2, phi2 = wide.low, wide.high, wide.dispersion
     assert phi2 > 3.0 and hi2 - lo2 > 1.5 * (hi - lo)
     assert crossing.profile_interval(loads[:2], over[:2], n[:2], 0.01, 10.0, 0.95) is None  # too few windows
     assert crossing.profile_interval(loads, np.zeros(loads.size), n, 0.01, 10.0, 0.95) is None  # nothing over
+
+
+def test_an_end_the_windows_cannot_bound_is_marked_unbounded_not_clamped():
+    """Windows that barely tell the loads apart (a shallow rise, few requests, exceedances in long runs):
+    the deviance never rises past the critical value within ``MAX_REACH``, so that end is named unbounded
+    and sits at the reach; a sharp knee measured with many binomial requests is bounded on both sides,
+    and a shallower one is bounded beyond the first widening step (the search is not clamped to it)."""
+    loads = np.repeat([9.0, 10.0, 11.0], 2)
+    n = np.full(loads.size, 200.0)
+    over = np.array([1.0, 2.0, 2.0, 3.0, 3.0, 4.0])
+    vague = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95, runs=over / 2.0)
+    assert "high" in vague.unbounded
+    assert vague.high == pytest.approx(10.0 * crossing.MAX_REACH)
+    loads, over, n = binomial_windows()
+    sharp = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
+    assert sharp.unbounded == () and sharp.high < 10.0 * crossing.PROFILE_STEP
+    loads = np.repeat([8.5, 9.0, 9.5, 10.0, 10.5, 11.0, 11.5, 12.0], 3)  # a shallower knee, runs of 5
+    n = np.full(loads.size, 400.0)
+    over = np.random.default_rng(3).binomial(400, np.minimum(0.5, 0.01 * (loads / 10.0) ** 4)).astype(float)
+    est, _o, _k = crossing.slo_crossing(loads, over, n, 0.01)
+    widened = crossing.profile_interval(loads, over, n, 0.01, est, 0.95, runs=over / 5.0)
+    assert widened.unbounded == () and widened.low < est / crossing.PROFILE_STEP
 
 
 def test_the_windows_mean_run_of_exceedances_is_a_floor_under_the_dispersion():
@@ -135,9 +159,9 @@ def test_the_windows_mean_run_of_exceedances_is_a_floor_under_the_dispersion():
     summary from before steps counted them), leave it as it was."""
     loads, over, n = binomial_windows()
     plain = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95)
-    lo, hi, phi = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95, runs=over / 10.0)
-    assert phi == pytest.approx(10.0) and plain[2] < 2.0
-    assert lo < plain[0] and hi > plain[1]
+    runs = crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95, runs=over / 10.0)
+    assert runs.dispersion == pytest.approx(10.0) and plain.dispersion < 2.0
+    assert runs.low < plain.low and runs.high > plain.high
     assert crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95, runs=over) == plain
     assert crossing.profile_interval(loads, over, n, 0.01, 10.0, 0.95, runs=np.full(loads.size, np.nan)) == plain
 
@@ -286,3 +310,16 @@ def test_an_slo_without_a_profile_that_crosses_far_above_leaves_the_profile_inte
     assert r["binding"] == {"tier": "premium", "metric": "ttft_ms"}
     assert r["interval_method"] == "profile" and r["ci_low"] < 10.0 < r["ci_high"]
     assert {c["tier"]: c["open"] for c in r["crossings"]} == {"premium": None, "standard": "above"}
+
+
+def test_an_unbounded_end_is_said_unbounded_and_not_gated_on():
+    """The console, the verdict and the report print the word where an end is unbounded (never the reach
+    as a bound), and the gate's interval rule does not use such an interval (it falls back to the ratio)."""
+    from loadgen.capacity.headline import interval_span
+    from loadgen.gate.lookup import interval
+
+    rated = {"estimate": 33.0, "ci_low": 8.25, "ci_high": 36.1, "ci_unbounded": ["low"], "ci_of": "rate_rps"}
+    assert interval_span(rated) == "unbounded–36.1"
+    assert interval_span({**rated, "ci_unbounded": []}) == "8.25–36.1"
+    assert interval({"rated_capacity": rated}, "rated_capacity.rate_rps") is None
+    assert interval({"rated_capacity": {**rated, "ci_unbounded": []}}, "rated_capacity.rate_rps") == (33.0, 8.25, 36.1)

@@ -28,19 +28,34 @@ windows are of it: the fits and the interval behind ``capacity.rating``.
   the fit nearly separates them). A likelihood does not care how the search chose
   its loads from the verdicts before them; a bootstrap that resamples windows at fixed loads does, and it
   understated the spread: on the exactly simulated calibration queue its interval held the truth in 76 %
-  of the runs, this one in 92 % (``bench/results/rating-simulation.json``, 99 seeds). Searched within
-  x / ÷ ``PROFILE_REACH`` of the estimate (an end that reaches it means "at least this uncertain").
+  of the runs, this one in 92 % (``bench/results/rating-simulation.json``, 99 seeds). Each end is widened
+  by ``PROFILE_STEP`` at a time until the deviance bounds it. Where the windows near the knee cannot (the
+  rise stays within the critical value out to ``MAX_REACH``), the nearest load whose share is significantly
+  past the level bounds it (``significant_loads``: the share rises with load); an end neither bounds is
+  reported as such (``unbounded``), never as a bound.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 NEIGHBOURHOOD = 1.25  # the logistic fit uses the steps within this factor of the crossing
-PROFILE_REACH = 1.25  # the profile interval is searched within x / ÷ this of the estimate
+PROFILE_STEP = 1.25  # the profile interval widens by this factor at a time until the deviance bounds it
+MAX_REACH = 4.0  # ... up to x / ÷ this of the estimate; an end not bounded there is marked unbounded
+
+
+@dataclass(frozen=True)
+class ProfileInterval:
+    """One SLO's profile interval: its ends, the windows' dispersion, and which ends the windows could not
+    bound within ``MAX_REACH`` of the estimate (there ``low`` / ``high`` is the reach, not a bound)."""
+    low: float
+    high: float
+    dispersion: float
+    unbounded: tuple[str, ...] = ()
 
 
 def isotonic(y: Sequence[float], w: Sequence[float] | None = None) -> np.ndarray:
@@ -161,8 +176,8 @@ def _logistic_level(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float
 
 
 def profile_interval(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float, estimate: float,
-                     confidence: float, runs: np.ndarray | None = None) -> tuple[float, float, float] | None:
-    """(low, high, dispersion) of one SLO's crossing by profile quasi-likelihood, over the windows within
+                     confidence: float, runs: np.ndarray | None = None) -> ProfileInterval | None:
+    """One SLO's crossing's interval by profile quasi-likelihood, over the windows within
     ``NEIGHBOURHOOD`` of its estimate (the local logistic fit's); None with fewer than 3 of them at two
     loads, or no exceedance among them.
 
@@ -180,8 +195,8 @@ def profile_interval(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: floa
     the windows: the search places each window from the verdicts before it, and a bootstrap that keeps
     the loads fixed understates the spread (its interval held the calibration queue's truth in 76 % of 99
     simulated runs, this one in 92 %: bench/results/rating-simulation.json); a likelihood does not depend
-    on how the loads were chosen. Searched within x / ÷ ``PROFILE_REACH`` of the estimate (the bound is the end where
-    the rise never gets there)."""
+    on how the loads were chosen. Each end widens by ``PROFILE_STEP`` until the rise bounds it, up to
+    ``MAX_REACH``; an end it never bounds is named in ``unbounded``."""
     near = (x >= estimate / NEIGHBOURHOOD) & (x <= estimate * NEIGHBOURHOOD)
     lx, o, m = np.log(x[near]), over[near], n[near]
     k = int(near.sum())
@@ -208,17 +223,54 @@ def profile_interval(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: floa
     phi = max(1.0, float(np.sum((o - m * p0) ** 2 / (m * p0 * (1.0 - p0) + 1e-12))) / max(k - 2, 1),
               mean_run(o, runs[near] if runs is not None else None))
     crit = t_quantile(max(k - 2, 1), (1.0 + confidence) / 2.0) ** 2  # F(1, k - 2) = t(k - 2) squared
-    ends = []
-    for side in (-1.0, 1.0):
-        inside, out = c0, c0 + side * math.log(PROFILE_REACH)
-        if (profile(out)[0] - d0) / phi <= crit:
-            ends.append(math.exp(out))
-            continue
+
+    def end(side: float) -> tuple[float, bool]:
+        """This side's end, and whether it is unbounded: widen until the rise passes the critical value
+        (then bisect between the last point inside and the first outside), or stop at the reach."""
+        inside, limit = c0, c0 + side * math.log(MAX_REACH)
+        while True:
+            out = inside + side * math.log(PROFILE_STEP)
+            out = min(out, limit) if side > 0 else max(out, limit)
+            if (profile(out)[0] - d0) / phi > crit:
+                break
+            if out == limit:
+                return math.exp(limit), True
+            inside = out
         for _ in range(30):
             mid = (inside + out) / 2.0
             inside, out = (mid, out) if (profile(mid)[0] - d0) / phi <= crit else (inside, mid)
-        ends.append(math.exp(inside))
-    return min(ends[0], estimate), max(ends[1], estimate), phi
+        return math.exp(inside), False
+
+    (low, low_open), (high, high_open) = end(-1.0), end(1.0)
+    # where the windows near the knee cannot bound an end, a load the share is significantly past its
+    # level at does: the share rises with load, so the crossing lies below any such failing load (above
+    # any such passing one)
+    passing, failing = significant_loads(x, over, n, level, phi, confidence)
+    if low_open and (below := [v for v in passing if v < estimate]):
+        low, low_open = max(max(below), low), False
+    if high_open and (above := [v for v in failing if v > estimate]):
+        high, high_open = min(min(above), high), False
+    unbounded = tuple(name for name, is_open in (("low", low_open), ("high", high_open)) if is_open)
+    return ProfileInterval(min(low, estimate), max(high, estimate), phi, unbounded)
+
+
+def significant_loads(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: float, phi: float,
+                      confidence: float) -> tuple[list[float], list[float]]:
+    """(loads whose pooled share is significantly below ``level``, loads where it is significantly above):
+    one-sided at (1 + confidence) / 2, the binomial variance times the windows' dispersion ``phi``."""
+    z = t_quantile(10_000, (1.0 + confidence) / 2.0)
+    passing, failing = [], []
+    for load in np.unique(x):
+        at = x == load
+        m = float(n[at].sum())
+        if m <= 0:
+            continue
+        score = (float(over[at].sum()) / m - level) / math.sqrt(phi * level * (1.0 - level) / m)
+        if score < -z:
+            passing.append(float(load))
+        elif score > z:
+            failing.append(float(load))
+    return passing, failing
 
 
 def mean_run(over: np.ndarray, runs: np.ndarray | None) -> float:

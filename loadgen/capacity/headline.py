@@ -10,6 +10,7 @@ text apart at its head, so the headline's number is never contradicted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from loadgen.capacity.search import fmt_load as fmt  # the search words its loads so
@@ -30,6 +31,15 @@ def headline(rated: dict[str, Any] | None, search_verdict: str | None, axis: str
     if rated.get("requested_rps") is not None:
         text += f" offered (requested {fmt(rated['requested_rps'])} req/s)"
     return text
+
+
+def interval_span(rated: dict[str, Any], number: Callable[[Any], str] = lambda x: f"{x:.3g}") -> str:
+    """``30.1–35.2``; an end the windows could not bound (``ci_unbounded``) is the word ``unbounded``, never
+    the search's reach printed as if it were a bound."""
+    open_ends = rated.get("ci_unbounded") or rated.get("unbounded") or ()  # a summary's, or the report's
+    low = "unbounded" if "low" in open_ends else number(rated["ci_low"])
+    high = "unbounded" if "high" in open_ends else number(rated["ci_high"])
+    return f"{low}–{high}"
 
 
 def split_invalid(text: str) -> tuple[str, str]:

@@ -21,7 +21,9 @@ own arrival draw (``search.arrivals: fresh``); the steps together say more than 
   isotonic then logistic fits, and its profile quasi-likelihood interval. The rated estimate is the lowest
   crossing over every SLO; ``binding`` names the SLO it belongs to. The interval of the rating is that of
   the lowest crossing: each end is the lowest over the SLOs (an SLO without a profile, its crossing above
-  every profiled SLO's interval, cannot be the lowest).
+  every profiled SLO's interval, cannot be the lowest). An end the windows cannot bound within
+  ``crossing.MAX_REACH`` of the estimate is named in ``ci_unbounded`` (its ``ci_low`` / ``ci_high`` is
+  then the reach): the summary, the console and the report say "unbounded" there, never a bound.
   Where no profile stands (no logistic fit, or an SLO without one near the lowest crossing), a
   **bootstrap of the windows** stands in: each
   replicate resamples the counted steps with replacement, those within ``NEIGHBOURHOOD`` of the estimate
@@ -222,12 +224,16 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: 
     profiles = {k: profile_interval(a[:, 1], a[:, 2], a[:, 3], level[k], est[k][0], confidence, runs=a[:, 5])
                 for k, a in arrays.items() if interval == "profile" and est[k][2] and est[k][1] is None}
     stood = {k: p for k, p in profiles.items() if p is not None}
-    top = min((p[1] for p in stood.values()), default=None)
+    top = min((p.high for p in stood.values()), default=None)
+    unbounded: list[str] = []
     # the interval of the lowest crossing: each end's lowest over the SLOs with a profile; an SLO without
     # one (no logistic fit, or open above) may be left out only where it crosses above all their ends
     if top is not None and all(est[k][0] > top for k in est if k not in stood):
-        lo, hi = min(p[0] for p in stood.values()), top
-        dispersion, method, scale = stood[binding][2], "profile", None
+        lowest = min(stood.values(), key=lambda p: p.low)
+        highest = min(stood.values(), key=lambda p: p.high)
+        lo, hi = lowest.low, highest.high
+        unbounded = [e for e, p in (("low", lowest), ("high", highest)) if e in p.unbounded]
+        dispersion, method, scale = stood[binding].dispersion, "profile", None
     else:
         lo, hi, scale = _bootstrap_interval(arrays, level, value, k_fit, confidence, n_boot, seed, means)
         method, dispersion = "bootstrap", None
@@ -242,6 +248,8 @@ def rate(steps: Iterable[Mapping[str, Any]], axis: str = "rate", *, confidence: 
         lo, hi = min(lo, gap[0]), max(hi, gap[1])
     return {
         "estimate": value, "ci_low": min(lo, value), "ci_high": max(hi, value), "confidence": confidence,
+        # an end the windows could not bound: ci_low / ci_high there is the search's reach, not a bound
+        "ci_unbounded": unbounded,
         "cliff_gap": gap,
         "of": "concurrency" if axis == "concurrency" else "rate_rps",
         "open": open_end,

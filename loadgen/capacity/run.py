@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.capacity import rating
-from loadgen.capacity.headline import headline, verdict_text
+from loadgen.capacity.headline import headline, interval_span, verdict_text
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step, StepResult
 from loadgen.capacity.step import CapacityRunner
@@ -118,15 +118,17 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan,
         "goodput_rps": d.get("goodput_rps"), "step": d.get("index"), "steps": [s.index for s in steps],
         "load": outcome.rated_load, "axis": plan.search.axis, "lower_bound": outcome.search_verdict == "never_broke",
         "confirmed": outcome.confirmed,
-        "estimate": None, "ci_low": None, "ci_high": None, "ci_of": None, "confidence": None, "boundary": None,
+        "estimate": None, "ci_low": None, "ci_high": None, "ci_unbounded": [], "ci_of": None, "confidence": None,
+        "boundary": None,
         "binding": None,
     }
     if interval is not None:
         out.update(estimate=interval["estimate"], ci_low=interval["ci_low"], ci_high=interval["ci_high"],
+                   ci_unbounded=interval.get("ci_unbounded", []),
                    ci_of=interval["of"], confidence=interval["confidence"], boundary=interval["boundary"],
                    binding=interval["binding"], interval=interval)
         if interval.get("open"):  # no crossing inside the loads tried: no interval to gate on
-            out.update(ci_low=None, ci_high=None)
+            out.update(ci_low=None, ci_high=None, ci_unbounded=[])
     return out
 
 
@@ -146,8 +148,8 @@ def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str,
     if rated is not None:
         if rated["ci_low"] is not None:
             of = "users" if rated["ci_of"] == "concurrency" else "req/s"
-            text += (f". {100 * rated['confidence']:g}% interval of the capacity: {rated['ci_low']:.3g}–"
-                     f"{rated['ci_high']:.3g} {of} (estimate {rated['estimate']:.3g}; {rated['boundary'] or '-'} "
+            text += (f". {100 * rated['confidence']:g}% interval of the capacity: {interval_span(rated)} "
+                     f"{of} (estimate {rated['estimate']:.3g}; {rated['boundary'] or '-'} "
                      f"boundary; binding: {rated['binding']['tier']} {rated['binding']['metric']})")
         text += (f". Spec capacity with {100 * plan.headroom:g}% headroom: {rated['spec_rate_rps']:.3g} req/s"
                  if rated["spec_rate_rps"] is not None else "")

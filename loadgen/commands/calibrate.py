@@ -97,10 +97,13 @@ def calibration_section(truth: dict[str, Any], summary: dict[str, Any], q, ideal
     rated_rps = rated.get("rate_rps")
     errors = {k: err(rated.get(k)) for k in ("rate_rps", "requested_rps", "estimate") if rated.get(k) is not None}
     lo, hi = rated.get("ci_low"), rated.get("ci_high")
-    inside = bool(lo <= true_rps <= hi) if None not in (lo, hi, true_rps) else None
+    open_ends = rated.get("ci_unbounded") or []  # an unbounded end holds whatever lies beyond it
+    inside = (bool(("low" in open_ends or lo <= true_rps) and ("high" in open_ends or true_rps <= hi))
+              if None not in (lo, hi, true_rps) else None)
     return {"true_capacity_rps": true_rps, "rated_rps": rated_rps, "error": err(rated_rps),
             "abs_error": abs(err(rated_rps)) if err(rated_rps) is not None else None, "errors": errors,
-            "interval": [lo, hi] if lo is not None and hi is not None else None, "truth_in_interval": inside,
+            "interval": [lo, hi] if lo is not None and hi is not None else None, "interval_unbounded": open_ends,
+            "truth_in_interval": inside,
             "verdict": summary.get("verdict"), **{k: v for k, v in truth.items() if k != "true_capacity_rps"},
             "ideal": ideal, "mock": {"mode": "queueing", **q.as_dict()}, "truth_s": round(truth_s, 3)}
 

@@ -99,7 +99,7 @@ def print_verdict(s: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    from loadgen.capacity.headline import headline
+    from loadgen.capacity.headline import headline, interval_span
 
     con = Console()
     r = s.get("rated_capacity")
@@ -115,7 +115,7 @@ def print_verdict(s: dict[str, Any]) -> None:
         if r.get("ci_low") is not None:
             of = "users" if r.get("ci_of") == "concurrency" else "req/s"
             b = r.get("binding") or {}
-            con.print(f"{100 * r['confidence']:g}% interval: {r['ci_low']:.3g}–{r['ci_high']:.3g} {of} "
+            con.print(f"{100 * r['confidence']:g}% interval: {interval_span(r)} {of} "
                       f"(estimate {r['estimate']:.3g}{interval_basis(s)}); {r.get('boundary') or '-'} boundary; "
                       f"binding SLO: {b.get('tier')} {b.get('metric')}"
                       + ("" if r.get("confirmed") is None else

@@ -70,11 +70,12 @@ def kind(summary: dict[str, Any]) -> str:
 
 def interval(summary: dict[str, Any], metric: str) -> tuple[float, float, float] | None:
     """(estimate, low, high) of the confidence interval a capacity summary gives the metric (its
-    ``rated_capacity`` with ``ci_of`` naming the metric's field), or None."""
+    ``rated_capacity`` with ``ci_of`` naming the metric's field), or None; None too where an end is
+    unbounded (``ci_unbounded``): the reach standing there is no bound to gate on."""
     path = ALIASES.get(metric, metric)
     head, _, field = path.partition(".")
     rc = summary.get(head) if head == "rated_capacity" else None
-    if not isinstance(rc, dict) or rc.get("ci_of") != field:
+    if not isinstance(rc, dict) or rc.get("ci_of") != field or rc.get("ci_unbounded"):
         return None
     est, lo, hi = rc.get("estimate"), rc.get("ci_low"), rc.get("ci_high")
     if not all(is_number(x) for x in (est, lo, hi)) or not lo <= est <= hi:

@@ -66,6 +66,7 @@ def pooled_rating(ratings: list[dict[str, Any]]) -> dict[str, Any]:
         out["ci_high"] = est + math.sqrt(sum((hi - e) ** 2 for e, _, hi in spans)) / n
     else:
         out["ci_low"] = out["ci_high"] = None
+    out["ci_unbounded"] = sorted({e for r in ratings for e in r.get("ci_unbounded") or []})
     out.pop("interval", None)  # each run's own fit: no longer what ci_low / ci_high describe
     out["pooled_runs"] = n
     return out

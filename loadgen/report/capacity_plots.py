@@ -13,6 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from loadgen.capacity.headline import interval_span
 from loadgen.report import data as d
 from loadgen.report.evidence import SLOEvidence
 from loadgen.report.plots import LAYOUT, PALETTE, figure, tier_colors, tier_sort
@@ -201,7 +202,7 @@ def evidence(run: d.RunData, evs: list[SLOEvidence], iv: dict[str, Any] | None) 
         conf = f"{100 * iv['confidence']:g}% " if iv.get("confidence") else ""
         f.add_vrect(x0=iv["ci_low"], x1=iv["ci_high"], fillcolor="#888", opacity=0.15, line_width=0)
         f.add_annotation(x=math.log10(math.sqrt(iv["ci_low"] * iv["ci_high"])), y=0.72, yref="paper",
-                         text=f"{conf}interval<br>{iv['ci_low']:.4g}–{iv['ci_high']:.4g}", showarrow=False,
+                         text=f"{conf}interval<br>{interval_span(iv, lambda x: f'{x:.4g}')}", showarrow=False,
                          bgcolor="rgba(255,255,255,0.8)", font=dict(size=11))
     rated, _ = d.rated_load(run)
     marks = [(iv["estimate"] if iv else None, f"estimate {iv['estimate']:.4g}" if iv else "", "#555", "dash", 1.5),

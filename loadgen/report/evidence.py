@@ -127,4 +127,5 @@ def interval(run: d.RunData) -> dict[str, Any] | None:
     return {"estimate": rc["estimate"], "ci_low": _num(rc.get("ci_low")), "ci_high": _num(rc.get("ci_high")),
             "confidence": _num(rc.get("confidence")), "boundary": rc.get("boundary"),
             "binding": rc.get("binding") if isinstance(rc.get("binding"), dict) else None,
-            "method": detail.get("interval_method"), "cliff_gap": detail.get("cliff_gap")}
+            "method": detail.get("interval_method"), "cliff_gap": detail.get("cliff_gap"),
+            "unbounded": [e for e in rc.get("ci_unbounded") or [] if e in ("low", "high")]}

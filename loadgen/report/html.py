@@ -21,6 +21,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from loadgen.capacity.headline import interval_span
 from loadgen.report import compare as cmp
 from loadgen.report import data as d
 from loadgen.report import plots as P
@@ -137,7 +138,7 @@ def headline(run: d.RunData, first_fail: dict[str, Any] | None = None) -> str | 
     if isinstance(rc.get("ci_low"), (int, float)) and isinstance(rc.get("ci_high"), (int, float)):
         binding = rc.get("binding") if isinstance(rc.get("binding"), dict) else {}
         conf = f"{fmt(100 * rc['confidence'])}% " if isinstance(rc.get("confidence"), (int, float)) else ""
-        text += (f". {conf}interval of the capacity: {fmt(rc['ci_low'])}–{fmt(rc['ci_high'])} "
+        text += (f". {conf}interval of the capacity: {interval_span(rc, fmt)} "
                  f"{'users' if rc.get('ci_of') == 'concurrency' else 'req/s'} (estimate {fmt(rc.get('estimate'))}; "
                  f"{rc.get('boundary') or '-'} boundary; binding: {binding.get('tier', '-')} "
                  f"{binding.get('metric', '')})")

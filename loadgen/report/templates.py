@@ -144,7 +144,8 @@ counts against the SLO in the rating's evidence below.</p></section>
 }}){% endif %}</td><td class="l">{{ e.fit }}{% if e.fit_windows %} ({{ e.fit_windows }} windows){% endif %}</td></tr>
 {% endfor %}</table>{% endif %}
 {% if cap.interval %}<p>Estimate {{ num(cap.interval.estimate) }}{% if cap.interval.ci_low is not none %}, {{
-num(100 * cap.interval.confidence) }}% interval {{ num(cap.interval.ci_low) }}–{{ num(cap.interval.ci_high) }} ({{
+num(100 * cap.interval.confidence) }}% interval {{ "unbounded" if "low" in cap.interval.unbounded else num(cap.interval.ci_low)
+}}–{{ "unbounded" if "high" in cap.interval.unbounded else num(cap.interval.ci_high) }} ({{
 cap.interval.method or "?" }}){% endif %}; {{ cap.interval.boundary or "-" }} boundary.</p>{% endif %}
 <p class="note">Each point is one counted window: the share of its requests over the SLO's threshold (failed requests
 included) against the rate its arrivals offered over its planned window, where the rating places it. The SLO holds
