@@ -19,31 +19,49 @@ class BatchingParams:
     seed: int = 0
 
 
-def continuous_batching(p: BatchingParams) -> ExperimentResult:
-    work = mixed_workload(p.requests, p.seed)
-    cfg = {"model": p.model, "max_num_seqs": p.max_num_seqs, "kv_cache_tokens": p.kv_cache_tokens, "seed": p.seed}
-    cont = run_batch(Engine(config(**cfg)), work)
-    static = run_batch(Engine(config(**cfg, batching="static")), work)
+# "2-3x" is a range: below 2x continuous batching gains less than claimed, above 3x more (the seed's figure
+# then understates it).
+CLAIMED_RATIO = (2.0, 3.0)
+
+
+def batching_finding(p: BatchingParams, cont: dict, static: dict) -> Finding:
+    """Continuous / static output tokens/s, judged within CLAIMED_RATIO."""
     ratio = cont["output_tok_s"] / static["output_tok_s"]
     occupancy = cont["mean_running"] / static["mean_running"]
     step_cost = cont["mean_step_ms"] / static["mean_step_ms"]
+    lo, hi = CLAIMED_RATIO
+    fuller = (f"Continuous batching keeps {times(occupancy)} the sequences in the batch (mean "
+              f"{cont['mean_running']:.1f} vs {static['mean_running']:.1f} of {p.max_num_seqs} slots) and its steps "
+              f"take {times(step_cost)} as long ({cont['mean_step_ms']:.2f} vs {static['mean_step_ms']:.2f} ms)")
     note = ""
-    if ratio < 2.0:
-        note = (f"{times(ratio)} is {2.0 / ratio:.2f}x short of 2x. Continuous batching keeps {times(occupancy)} the "
-                f"sequences in the batch (mean {cont['mean_running']:.1f} vs {static['mean_running']:.1f} of "
-                f"{p.max_num_seqs} slots), but its steps take {times(step_cost)} as long "
-                f"({cont['mean_step_ms']:.2f} vs {static['mean_step_ms']:.2f} ms)")
+    if ratio < lo:
+        note = f"{times(ratio)} is {lo / ratio:.2f}x short of {lo:g}x. {fuller}"
         note += (": on this CPU a step's time grows with the batch, so a fuller batch buys less than on a GPU, where a "
                  "memory-bound decode step of a large model costs nearly the same at 8 and 32 sequences."
                  if step_cost > 1.25 else
                  "; the static batch is fuller than the seed assumes (it drains only as fast as its longest answer, "
                  "and these answers vary less than a real chat mix).")
-    finding = Finding(
+    elif ratio > hi:
+        note = (f"it gains more than claimed: {times(ratio)} is {ratio / hi:.2f}x the top of {lo:g}-{hi:g}x. {fuller}; "
+                "a static batch idles its slots until its longest answer ends.")
+    return Finding(
         claim="continuous batching serves 2-3x the throughput of static batching",
         seed_figure="2-3x", setting=f"{p.requests} mixed requests queued at t=0, {p.max_num_seqs} slots; static "
                                     "fills every slot and refills when the batch drains",
         measured=f"{cont['output_tok_s']:.0f} vs {static['output_tok_s']:.0f} output tok/s: {times(ratio)}",
-        value=ratio, holds=ratio >= 2.0, rule="continuous / static output tokens/s >= 2", note=note)
+        value=ratio, holds=lo <= ratio <= hi, rule=f"{lo:g} <= continuous / static output tokens/s <= {hi:g}",
+        note=note)
+
+
+def continuous_batching(p: BatchingParams) -> ExperimentResult:
+    work = mixed_workload(p.requests, p.seed)
+    cfg = {"model": p.model, "max_num_seqs": p.max_num_seqs, "kv_cache_tokens": p.kv_cache_tokens, "seed": p.seed}
+    cont = run_batch(Engine(config(**cfg)), work)
+    static = run_batch(Engine(config(**cfg, batching="static")), work)
+    finding = batching_finding(p, cont, static)
+    ratio = finding.value
+    occupancy = cont["mean_running"] / static["mean_running"]
+    step_cost = cont["mean_step_ms"] / static["mean_step_ms"]
     plot = Plot("output tokens/s and mean running sequences", "batching", "value")
     plot.add("output tok/s", ["continuous", "static"], [cont["output_tok_s"], static["output_tok_s"]])
     plot.add("mean running x 100", ["continuous", "static"], [cont["mean_running"] * 100, static["mean_running"] * 100])

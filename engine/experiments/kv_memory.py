@@ -103,29 +103,45 @@ def customer_service(p: PrefixParams) -> list[tuple[list[int], int]]:
     return work
 
 
-def prefix_sharing(p: PrefixParams) -> ExperimentResult:
-    work = customer_service(p)
-    cfg = {"model": p.model, "max_num_seqs": p.max_num_seqs, "kv_cache_tokens": p.kv_cache_tokens, "seed": p.seed}
-    on = run_batch(Engine(config(**cfg, enable_prefix_caching=True)), work)
-    off = run_batch(Engine(config(**cfg, enable_prefix_caching=False)), work)
+# "Up to 40%" on the very traffic it names (long shared system prompts) says the saving reaches about 40%
+# there: 40% give or take 10 points. Far below, sharing saves less than claimed; far above, the seed's figure
+# understates it. Either way the figure does not describe this traffic.
+CLAIMED_SAVING, SAVING_BAND = 0.40, 0.10
+
+
+def sharing_finding(p: PrefixParams, on: dict, off: dict) -> Finding:
+    """KV blocks per running sequence with sharing on vs off, judged within CLAIMED_SAVING +- SAVING_BAND."""
     saved = 1 - on["mean_blocks_per_seq"] / off["mean_blocks_per_seq"]
     share = p.system_prompt_len / (p.system_prompt_len + sum(p.user_len) / 2 + sum(p.output_len) / 2)
+    lo, hi = CLAIMED_SAVING - SAVING_BAND, CLAIMED_SAVING + SAVING_BAND
+    per_copy = on["mean_running"] / p.system_prompts
     note = ""
-    if saved < 0.40:
-        note = (f"{pct(saved)} is {0.40 - saved:.1%} short of 40%: {on['mean_running']:.1f} sequences ran at once "
-                f"on average, about {on['mean_running'] / p.system_prompts:.1f} per system prompt, so each shared "
-                "prompt is held by few sequences; sharing saves more with a bigger batch.")
-    elif saved > 0.40:
-        note = (f"more than the seed's 40%: here the shared system prompt is {pct(share)} of a request's tokens and "
-                f"about {on['mean_running'] / p.system_prompts:.1f} running sequences share each copy.")
-    finding = Finding(
+    if saved < lo:
+        note = (f"{pct(saved)} is {lo - saved:.1%} below the band's {pct(lo)}: {on['mean_running']:.1f} sequences ran "
+                f"at once on average, about {per_copy:.1f} per system prompt, so each shared prompt is held by few "
+                "sequences; sharing saves more with a bigger batch.")
+    elif saved > hi:
+        note = (f"it saves more than claimed: {pct(saved)} is {saved - hi:.1%} above the band's {pct(hi)}. Here the "
+                f"shared system prompt is {pct(share)} of a request's tokens and about {per_copy:.1f} running "
+                "sequences share each copy; the seed's 40% fits a shorter shared prefix or fewer sequences per copy.")
+    return Finding(
         claim="prefix sharing saves up to 40% of KV memory on customer-service traffic with long system prompts",
         seed_figure="up to 40%",
         setting=f"{p.system_prompts} system prompts of {p.system_prompt_len} tokens on {pct(p.shared_ratio)} of "
                 f"{p.requests} requests, {p.max_num_seqs} slots",
         measured=f"{on['mean_blocks_per_seq']:.1f} vs {off['mean_blocks_per_seq']:.1f} KV blocks per running "
-                 f"sequence: {pct(saved)} saved", value=saved, holds=saved >= 0.40,
-        rule="1 - blocks per running sequence (sharing on / off) >= 40%", note=note)
+                 f"sequence: {pct(saved)} saved", value=saved, holds=lo <= saved <= hi,
+        rule=f"1 - blocks per running sequence (sharing on / off) within {pct(CLAIMED_SAVING)} +- "
+             f"{SAVING_BAND * 100:g} points ({pct(lo)} to {pct(hi)})", note=note)
+
+
+def prefix_sharing(p: PrefixParams) -> ExperimentResult:
+    work = customer_service(p)
+    cfg = {"model": p.model, "max_num_seqs": p.max_num_seqs, "kv_cache_tokens": p.kv_cache_tokens, "seed": p.seed}
+    on = run_batch(Engine(config(**cfg, enable_prefix_caching=True)), work)
+    off = run_batch(Engine(config(**cfg, enable_prefix_caching=False)), work)
+    finding = sharing_finding(p, on, off)
+    saved = finding.value
     plot = Plot("KV blocks per running sequence", "prefix caching", "blocks")
     plot.add("blocks per running sequence", ["on", "off"], [on["mean_blocks_per_seq"], off["mean_blocks_per_seq"]])
     return ExperimentResult("prefix-sharing", "Prefix sharing on customer-service traffic", asdict(p), [finding],
