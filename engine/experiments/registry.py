@@ -54,9 +54,12 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("batch-fill", "batch fill ratio falls with sparse arrivals or too conservative tiering", batch_fill,
                FillParams(), FillParams(rates_rps=(2.0, 32.0), duration_s=1.5, reserved_slots=(0, 16),
                                         backlog_requests=32, max_num_seqs=24)),
-    Experiment("mixed-vs-separated", "interactive and batch traffic mixed in one instance vs separated",
+    Experiment("mixed-vs-separated",
+               "interactive and batch traffic mixed in one instance (tuned by slots and tiers) vs separated",
                mixed_vs_separated, MixParams(),
-               MixParams(traffic=_SMALL_TRAFFIC, mixed_slots=(4, 16), interactive_slots=8, batch_slots=16)),
+               MixParams(traffic=_SMALL_TRAFFIC, mixed_slots=(4, 16), mixed_tiers=(("standard", "standard"),
+                                                                                 ("premium", "basic")),
+                         interactive_slots=8, batch_slots=16)),
 )}
 
 

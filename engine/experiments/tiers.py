@@ -108,65 +108,97 @@ def priority_tiers(p: TierParams) -> ExperimentResult:
                             {"with_tiers": tiered, "without_tiers": flat}, plot)
 
 
+# A side is happy with what it would get separated: interactive its TTFT promise, batch its throughput, within
+# the 10% that counts as "unchanged" in the tiers claims above. Exact equality would call batch unhappy over
+# run-to-run noise and so favour the claim.
+BATCH_TOLERANCE = 0.10
+
+
 @dataclass(frozen=True)
 class MixParams:
     model: str = "tiny"
     traffic: Traffic = Traffic(duration_s=10.0, batch_requests=128)
-    mixed_slots: tuple[int, ...] = (8, 32, 64)  # how the mixed instances are tuned
+    mixed_slots: tuple[int, ...] = (8, 32, 64)  # how the mixed instances are tuned: batch slots ...
+    # ... and (interactive tier, batch tier): the same tier for both (first come first served), or priority tiers
+    mixed_tiers: tuple[tuple[str, str], ...] = (("standard", "standard"), ("premium", "basic"), ("premium", "standard"))
     interactive_slots: int = 16
     batch_slots: int = 64
     interactive_ttft_slo_ms: float = 300.0
 
 
+def _mixed_name(slots: int, tiers: tuple[str, str]) -> str:
+    return f"mixed, {slots} slots" + ("" if tiers[0] == tiers[1] else f", tiers {tiers[0]}/{tiers[1]}")
+
+
 def mixed_vs_separated(p: MixParams) -> ExperimentResult:
     """Two instances either way: mixed, each takes half of both streams (one simulated, the other is its
-    twin); separated, one takes all interactive traffic and the other all batch traffic."""
-    arrivals = traffic(p.traffic, "standard", "standard")
-    half = arrivals[::2]
+    twin), tuned by its batch slots and by priority tiers; separated, one takes all interactive traffic and
+    the other all batch traffic."""
     runs: dict[str, dict] = {}
-    for slots in p.mixed_slots:
-        f = _figures(replay(_engine(p.model, slots, p.traffic.seed), half))
-        runs[f"mixed, {slots} slots"] = {**f, "deployment_batch_tok_s": 2 * f["batch_tok_s"]}
+    for tiers in p.mixed_tiers:
+        half = traffic(p.traffic, *tiers)[::2]
+        for slots in p.mixed_slots:
+            f = _figures(replay(_engine(p.model, slots, p.traffic.seed), half))
+            runs[_mixed_name(slots, tiers)] = {**f, "deployment_batch_tok_s": 2 * f["batch_tok_s"]}
+    arrivals = traffic(p.traffic, "standard", "standard")
     inter = _figures(replay(_engine(p.model, p.interactive_slots, p.traffic.seed),
                             [a for a in arrivals if a.label == "interactive"]))
     batch = _figures(replay(_engine(p.model, p.batch_slots, p.traffic.seed),
                             [a for a in arrivals if a.label == "batch"]))
     separated = {"interactive_p99_ttft_ms": inter["interactive_p99_ttft_ms"],
                  "deployment_batch_tok_s": batch["batch_tok_s"], "interactive_instance": inter, "batch_instance": batch}
-    slo, target = p.interactive_ttft_slo_ms, separated["deployment_batch_tok_s"]
-
-    def happy(r: dict) -> tuple[bool, bool]:
-        return r["interactive_p99_ttft_ms"] <= slo, r["deployment_batch_tok_s"] >= target
-
-    both = [name for name, r in runs.items() if all(happy(r))]
-    sep_ok = separated["interactive_p99_ttft_ms"] <= slo
-    summary = "; ".join(f"{name}: p99 TTFT {r['interactive_p99_ttft_ms']:.0f} ms, batch "
-                        f"{r['deployment_batch_tok_s']:.0f} tok/s" for name, r in runs.items())
-    if both:
-        r = runs[both[0]]
-        note = (f"{both[0]} kept both sides happy (p99 TTFT {r['interactive_p99_ttft_ms']:.0f} <= {slo:g} ms, batch "
-                f"{r['deployment_batch_tok_s']:.0f} >= {target:.0f} tok/s): with enough slots for the backlog an "
-                "interactive request finds a free slot at once, and the tiny model's steps stay short even full.")
-    elif not sep_ok:
-        note = (f"separated, the interactive instance itself misses {slo:g} ms (p99 "
-                f"{separated['interactive_p99_ttft_ms']:.0f} ms): the interactive load alone is too much for one "
-                "instance of this CPU.")
-    else:
-        note = ""
-    finding = Finding(
-        claim="interactive and batch traffic mixed in one instance leave one side unhappy however it is tuned; "
-              "separated, both are served", seed_figure="one side stays unhappy",
-        setting=f"two instances; interactive promise p99 TTFT <= {slo:g} ms, batch wants the separated deployment's "
-                f"{target:.0f} tok/s; mixed tuned to {', '.join(map(str, p.mixed_slots))} slots",
-        measured=f"{summary}; separated: p99 TTFT {separated['interactive_p99_ttft_ms']:.0f} ms, batch "
-                 f"{target:.0f} tok/s",
-        value=float(len(both)), holds=not both and sep_ok,
-        rule="no mixed tuning meets both the TTFT promise and the separated batch throughput, and separation meets "
-             "the promise", note=note)
+    finding = mix_finding(p, runs, separated)
     names = [*runs, "separated"]
     plot = Plot("interactive p99 TTFT and batch throughput per deployment", "deployment", "value")
     plot.add("interactive p99 TTFT (ms)", names,
              [r["interactive_p99_ttft_ms"] for r in runs.values()] + [separated["interactive_p99_ttft_ms"]])
-    plot.add("batch tok/s", names, [r["deployment_batch_tok_s"] for r in runs.values()] + [target])
+    plot.add("batch tok/s", names, [r["deployment_batch_tok_s"] for r in runs.values()]
+             + [separated["deployment_batch_tok_s"]])
     return ExperimentResult("mixed-vs-separated", "Mixed vs separated interactive and batch traffic", asdict(p),
                             [finding], {"mixed": runs, "separated": separated}, plot)
+
+
+def mix_finding(p: MixParams, runs: dict[str, dict], separated: dict) -> Finding:
+    """The claim holds if no mixed tuning keeps both sides happy and the separated deployment does."""
+    slo, target = p.interactive_ttft_slo_ms, separated["deployment_batch_tok_s"]
+    floor = (1 - BATCH_TOLERANCE) * target
+
+    def happy(r: dict) -> tuple[bool, bool]:
+        p99 = r["interactive_p99_ttft_ms"]
+        return p99 is not None and p99 <= slo, r["deployment_batch_tok_s"] >= floor
+
+    both = [name for name, r in runs.items() if all(happy(r))]
+    sep_ok = separated["interactive_p99_ttft_ms"] is not None and separated["interactive_p99_ttft_ms"] <= slo
+    summary = "; ".join(f"{name}: p99 TTFT {_ms(r['interactive_p99_ttft_ms'])}, batch "
+                        f"{r['deployment_batch_tok_s']:.0f} tok/s" for name, r in runs.items())
+    tiered = [name for name in runs if ", tiers " in name]
+    if both:
+        r = runs[both[0]]
+        why = ("priority tiers let an interactive request pass the batch backlog" if both[0] in tiered else
+               "with enough slots for the backlog an interactive request finds a free slot at once, and the tiny "
+               "model's steps stay short even full")
+        note = (f"{len(both)} of {len(runs)} mixed tunings kept both sides happy ({'; '.join(both)}). {both[0]}: "
+                f"p99 TTFT {r['interactive_p99_ttft_ms']:.0f} <= {slo:g} ms, batch {r['deployment_batch_tok_s']:.0f} "
+                f">= {floor:.0f} tok/s: {why}.")
+    elif not sep_ok:
+        note = (f"separated, the interactive instance itself misses {slo:g} ms (p99 "
+                f"{_ms(separated['interactive_p99_ttft_ms'])}): the interactive load alone is too much for one "
+                "instance of this CPU.")
+    else:
+        note = ""
+    tunings = ", ".join(f"{a}/{b}" if a != b else f"all {a}" for a, b in p.mixed_tiers)
+    return Finding(
+        claim="interactive and batch traffic mixed in one instance leave one side unhappy however it is tuned; "
+              "separated, both are served", seed_figure="one side stays unhappy",
+        setting=f"two instances; interactive promise p99 TTFT <= {slo:g} ms, batch wants the separated deployment's "
+                f"{target:.0f} tok/s (within {pct(BATCH_TOLERANCE)}); mixed tuned to "
+                f"{', '.join(map(str, p.mixed_slots))} slots x tiers (interactive/batch) {tunings}",
+        measured=f"{summary}; separated: p99 TTFT {_ms(separated['interactive_p99_ttft_ms'])}, batch "
+                 f"{target:.0f} tok/s",
+        value=float(len(both)), holds=not both and sep_ok,
+        rule=f"no mixed tuning (slots and tiers) meets both the TTFT promise and {pct(1 - BATCH_TOLERANCE)} of the "
+             "separated batch throughput, and separation meets the promise", note=note)
+
+
+def _ms(x: float | None) -> str:
+    return "none" if x is None else f"{x:.0f} ms"
