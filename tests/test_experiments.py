@@ -67,10 +67,14 @@ def test_prefix_sharing_saves_blocks():
     assert d["kv_saved"] > 0
 
 
-def test_chunking_lowers_the_largest_decode_gap():
-    d = reduced("chunked-prefill").data
-    assert (d["chunked, long prompt premium"]["max_decode_gap_ms"]
-            < d["whole, long prompt premium"]["max_decode_gap_ms"])
+def test_chunking_gives_the_decodes_a_token_every_step_while_a_whole_prefill_skips_them():
+    """Counted in steps, not timed: chunked, the higher-tier long prompt takes a chunk per step beside every
+    decode; whole, it takes one step alone and each running decode misses it."""
+    p, d = EXPERIMENTS["chunked-prefill"].reduced, reduced("chunked-prefill").data
+    on, off = d["chunked, long prompt premium"], d["whole, long prompt premium"]
+    assert on["prefill_steps"] == -(-p.long_prompt_len // p.prefill_chunk_size) and on["decode_steps_missed"] == 0
+    assert off["prefill_steps"] == 1 and off["decode_steps_missed"] == p.decodes
+    assert d["chunked, long prompt alone"]["prefill_steps"] == on["prefill_steps"]
     # unchunked and ranked below the decodes, the long prompt waits for them instead of stalling them
     assert not d["whole, long prompt standard"]["long_first_token_before_decodes_end"]
     assert d["chunked, long prompt standard"]["long_first_token_before_decodes_end"]
@@ -94,6 +98,8 @@ def test_overload_swaps_and_refuses_but_loses_nothing():
     assert d["lost"] == 0
     assert sum(d["refused"].values()) > 0 and d["served"] > 0
     assert d["served"] + sum(d["refused"].values()) == d["offered"]
+    assert sum(d["refused_by_tier"].values()) == sum(d["refused"].values())
+    assert d["premium_offered"] > 0 and d["premium_within_promise"] <= d["premium_offered"]
     assert d["swap_outs"] > 0
 
 
@@ -108,6 +114,15 @@ def test_separated_interactive_traffic_queues_less_than_mixed_with_few_slots():
     few = d["mixed"]["mixed, 4 slots"]
     assert d["separated"]["interactive_instance"]["interactive_mean_queue_steps"] < few["interactive_mean_queue_steps"]
     assert few["deployment_batch_tok_s"] > 0
+
+
+def test_the_mixed_instance_is_tuned_with_priority_tiers_too():
+    """Premium interactive requests pass the basic batch backlog in the mixed instance: fewer steps queued than
+    first come first served on the same slots, and the finding reports the tier-aware tunings."""
+    r = reduced("mixed-vs-separated")
+    flat, tiered = r.data["mixed"]["mixed, 4 slots"], r.data["mixed"]["mixed, 4 slots, tiers premium/basic"]
+    assert tiered["interactive_mean_queue_steps"] < flat["interactive_mean_queue_steps"]
+    assert "tiers premium/basic" in r.findings[0].measured and "tiers" in r.findings[0].rule
 
 
 def test_command_writes_json_and_html(tmp_path, capsys):
