@@ -92,7 +92,7 @@ def prefix_cache_hits(url: str) -> float | None:
 
 
 def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None, vllm: str | None,
-             baseline: Path | None = None, prefix_caching: bool = False) -> dict:
+             baseline: Path | None = None, prefix_caching: bool = False, extra: list[str] | None = None) -> dict:
     scn = load_scenario(scenario)
     options = dict(scn.engine or {"model": "tiny"})
     if model:
@@ -111,6 +111,7 @@ def run_mode(mode: str, scenario: Path, seed: int, work: Path, model: str | None
         out = work / f"capacity-{mode}"
         t0 = time.monotonic()
         sets = ["--set", f"engine.max_num_seqs={options.get('max_num_seqs', 64)}"] if mode == "vllm" else []
+        sets += [a for kv in extra or [] for a in ("--set", kv)]
         r = subprocess.run(["taskset", "-c", "1", sys.executable, "-m", "loadgen.cli", "capacity", str(scenario),
                             "--target", url, "--seed", str(seed), "--out", str(out), "--no-progress", "--no-report",
                             *sets], cwd=REPO, capture_output=True, text=True)
@@ -160,6 +161,8 @@ def main() -> int:
                     help="prefix caching on every server of the run (default: off)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="passed to slobench capacity as --set (e.g. search.max_duration_s=30 for a quick check)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if "baseline" in args.modes and not (args.baseline_repo and (args.baseline_repo / "engine").is_dir()):
@@ -170,7 +173,7 @@ def main() -> int:
             for mode in args.modes:
                 print(f"repeat {rep + 1}: {mode} ...", flush=True)
                 res = run_mode(mode, args.scenario, args.seed, Path(tmp), args.model, args.vllm_bin, args.baseline_repo,
-                               args.prefix_caching == "on")
+                               args.prefix_caching == "on", args.set)
                 res["repeat"] = rep + 1
                 runs.append(res)
                 bd = res.get("rated_step_breakdown_ms") or {}

@@ -1,0 +1,1 @@
+"""The benchmark suites (`python -m bench --list`)."""
