@@ -35,7 +35,7 @@ slobench's steps start from an idle target, at least 0.2 s after its last step).
 after a burst of misses) would refuse at a load the engine carries for the next thousand requests (each hit
 lowers it by 0.05 %), and a load test's steps, each started from an idle engine, would each inherit the one
 before: in a chat.yaml capacity run, 45 req/s passed with k at 1.2, then failed twice right after an overload
-had left k at 2.0 (`bench/results/capacity-steps-tail-factor.json`, run-1-seed-2).
+had left k at 2.0.
 
 With `admission="slo"`, a request that would queue (wait > 0) and whose estimate (times k) exceeds
 `admission_target_frac` (0.8) of its tier's promise (`tier_ttft_slo_ms`: premium 300 ms, standard 800 ms by

@@ -4,7 +4,7 @@ torch's `F.linear` on the CPU calls MKL's sgemm, which packs its operands into s
 (for a decode step's few rows, much of the work), and on this project's AMD CPU runs slower kernels besides.
 oneDNN (torch's mkldnn backend, the library vLLM's CPU build uses) can reorder a weight once into its
 kernel's layout. On the engine-speed checkpoint, one core: a 32-sequence decode step 20.9 -> 8.95 ms, a
-160-token prefill 15.9 -> 8.67 ms (bench/step_time_bench.py, bench/results/step-time.json).
+160-token prefill 15.9 -> 8.67 ms, measured side by side.
 
 The ops are torch's own (`torch.ops.mkldnn._reorder_linear_weight`, `_linear_pointwise`, what inductor's CPU
 backend emits for frozen linears) but not public API, so `pack_linears` checks them on each layer against
@@ -13,10 +13,10 @@ backend emits for frozen linears) but not public API, so `pack_linears` checks t
 oneDNN builds a kernel ("primitive") per input shape and keeps the last 1,024 it built. A served step's rows
 are its token count, which takes hundreds of values under load (decodes plus prefill chunks of every
 length): with four weight shapes per layer that is past the cache, so it thrashes, and a step that meets a
-rebuilt shape pays for building it again (bench/cpu_linear_rows_bench.py measures the whole effect on
-prefill steps). So rows beyond
+rebuilt shape pays for building it again (prefill steps of 65-512 tokens ran 1.25x faster bucketed).
+So rows beyond
 ``EXACT_ROWS`` are padded up to one of eight sizes per octave (at most 12.5 % padding): 128 row
-counts up to 16,384 tokens, every kernel stays cached (``bench/results/cpu-linear-rows.json``).
+counts up to 16,384 tokens, every kernel stays cached.
 """
 
 from __future__ import annotations

@@ -76,8 +76,7 @@ class Sampler:
         Inverse-CDF sampling takes one random number per token, drawn from the request's own generator when it
         is seeded, so a seeded completion is reproducible whatever else shares its batch. For 25 rows over a
         32,000-word vocabulary on one CPU core, torch.multinomial row by row took 15.3 ms, one cumulative sum
-        over the vocabulary 1.26 ms, this (the CDF searched in two levels, `inverse_cdf`) 0.89 ms
-        (bench/step_time_bench.py, bench/results/step-time.json).
+        over the vocabulary 1.26 ms, this (the CDF searched in two levels, `inverse_cdf`) 0.89 ms.
         """
         # (logits - the row's peak) / temperature into a buffer kept between steps: the softmax's shift, and
         # no fresh (rows x vocab) allocation each step; exp of it below is the unnormalised distribution.
@@ -118,7 +117,7 @@ class Sampler:
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's first maximal index, as argmax's: max(dim).indices, argmax being the slower CPU kernel (1.10 vs
-    0.37 ms for 25 rows of 32,000 words, bench/results/step-time.json). A row of NaN gives a NaN's index, still a
+    0.37 ms for 25 rows of 32,000 words). A row of NaN gives a NaN's index, still a
     token of the vocabulary."""
     return logits.max(dim=-1).indices
 

@@ -27,8 +27,8 @@ windows are of it: the fits and the interval behind ``capacity.rating``.
   phi says how much; the runs say it where Pearson's statistic cannot (few windows, a knee so sharp that
   the fit nearly separates them). A likelihood does not care how the search chose
   its loads from the verdicts before them; a bootstrap that resamples windows at fixed loads does, and it
-  understated the spread: on the exactly simulated calibration queue its interval held the truth in 76 %
-  of the runs, this one in 92 % (``bench/results/rating-simulation.json``, 99 seeds). Each end is widened
+  understated the spread on the exactly simulated calibration queue. Its coverage on the calibration
+  targets is in ``bench/results/calibration.json`` (the ``simulated-*`` parts). Each end is widened
   by ``PROFILE_STEP`` at a time until the deviance bounds it. Where the windows near the knee cannot (the
   rise stays within the critical value out to ``MAX_REACH``), the nearest load whose share is significantly
   past the level bounds it (``significant_loads``: the share rises with load); an end neither bounds is
@@ -189,13 +189,10 @@ def profile_interval(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: floa
     NaN where not counted) puts a floor under phi: the windows' mean run, their exceedances over their
     runs. Exceedances that come in runs of mean size S make a count vary at least S times a binomial's,
     and Pearson's statistic cannot see it where the windows are few or the knee so sharp that the fit
-    nearly separates them: on the paced calibration queue (``loadgen/scenarios/calibrate-steady.yaml``) the
-    interval held the truth in 76 % of simulated runs without the floor, 96 % with it (``bench/results/
-    rating-simulation-steady-pearson.json``, ``rating-simulation-steady.json``). Why not only a bootstrap of
-    the windows: the search places each window from the verdicts before it, and a bootstrap that keeps
-    the loads fixed understates the spread (its interval held the calibration queue's truth in 76 % of 99
-    simulated runs, this one in 92 %: bench/results/rating-simulation.json); a likelihood does not depend
-    on how the loads were chosen. Each end widens by ``PROFILE_STEP`` until the rise bounds it, up to
+    nearly separates them (on the paced calibration queue, ``loadgen/scenarios/calibrate-steady.yaml``, the
+    floor is what lifts the interval's coverage to its level). Why not only a bootstrap of the windows: the
+    search places each window from the verdicts before it, and a bootstrap that keeps the loads fixed
+    understates the spread; a likelihood does not depend on how the loads were chosen. Each end widens by ``PROFILE_STEP`` until the rise bounds it, up to
     ``MAX_REACH``; an end it never bounds is named in ``unbounded``."""
     near = (x >= estimate / NEIGHBOURHOOD) & (x <= estimate * NEIGHBOURHOOD)
     lx, o, m = np.log(x[near]), over[near], n[near]

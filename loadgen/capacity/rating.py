@@ -13,7 +13,7 @@ own arrival draw (``search.arrivals: fresh``); the steps together say more than 
   steady state at its load, and the shares of several windows pool. A window's p99 is not: requests queue
   in runs, so most short windows miss the rare long busy period and a few catch it, and the typical window
   passes above the true capacity (the calibration queue: a 15 s window passes 20 % of the time 16 % above
-  it, ``bench/results/rating-simulation.json``). A step stopped at its breach is counted up to its stop,
+  it). A step stopped at its breach is counted up to its stop,
   which is still biased: it stops as soon as its exceedances are enough, in the middle of the run of
   them, so its count leaves out the rest of that run (were requests independent, the pooled share would
   be unbiased however steps stop; they are not).

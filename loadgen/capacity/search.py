@@ -24,7 +24,7 @@ check it against synthetic latency models so, and ``loadgen.capacity.run`` drive
 - **refine** (``refine_steps``, default 0): after the confirmed bracket, that many more windows on fresh
   draws at ``refine_centre(steps)`` (``capacity.run``: the rating's estimate so far; within ``REFINE_REACH``
   of the bracket; its centre without one), for the rating's fit alone: they move neither the bracket nor
-  the verdict. Precision bought with time (``bench/results/rating-simulation.json``).
+  the verdict. Precision bought with time (``bench/results/calibration.json``, ``simulated-gradual``).
 - **arrival draws** (``SearchConfig.arrivals``): ``fresh`` (the default) gives every step its own draw,
   independent windows ``capacity.rating`` can pool; ``common`` scales draw 0 to every ramp and bisection
   step until a confirmation reopens the bracket, so every step repeats that draw's luck (a sparse one

@@ -2,7 +2,7 @@
 
 A single capacity run's rating near a wide knee moves by several percent from seed to seed, and its
 interval says so: wide enough that two single runs rarely flag unchanged code, and too wide to see a drop of
-a tenth (``bench/gate_false_alarms.py``). Repeating the runs narrows what each side knows:
+a tenth. Repeating the runs narrows what each side knows:
 
 - ``rated_capacity``: the mean of the runs' ratings (``rate_rps``, ``estimate``, ``concurrency`` and the
   spec capacities made of them) with the interval of a mean of independent estimates: each side's
