@@ -51,10 +51,10 @@ CAPACITY_QUICK = ("--set", "search.step_duration_s=4", "--set", "search.max_dura
 SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("calibration", "the capacity search against a target of known capacity: accuracy and interval coverage", (
         Part("real-gradual", "calibration_bench.py", "`slobench calibrate` on the Poisson target (gradual knee), "
-             "seeds 0-2: rated vs true, the interval's coverage", ("--seeds", "0", "1", "2", "--floor-steps"),
+             "seeds 0-7: rated vs true, the interval's coverage", ("--seeds", *map(str, range(8)), "--floor-steps"),
              ("--seeds", "0", "--floor-steps", "--", *CAPACITY_QUICK), out_flag="--out"),
-        Part("real-sharp", "calibration_bench.py", "the same on the paced target (sharp knee), seeds 0-2",
-             ("--scenario", f"{SCENARIOS}/calibrate-steady.yaml", "--seeds", "0", "1", "2", "--floor-steps"),
+        Part("real-sharp", "calibration_bench.py", "the same on the paced target (sharp knee), seeds 0-7",
+             ("--scenario", f"{SCENARIOS}/calibrate-steady.yaml", "--seeds", *map(str, range(8)), "--floor-steps"),
              ("--scenario", f"{SCENARIOS}/calibrate-steady.yaml", "--seeds", "0", "--floor-steps", "--",
               *CAPACITY_QUICK), out_flag="--out"),
         Part("simulated-gradual", "rating_simulation.py", "the default search and rating on the gradual target's "
