@@ -56,6 +56,7 @@ def run_seed(scenario: Path, seed: int, extra: list[str], work: Path) -> dict:
             "true_rps": cal["true_capacity_rps"], "error": cal["error"], "ideal_rated_rps": ideal.get("rated_rps"),
             "ideal_error": ideal.get("error"), "ideal_sd_error": ideal.get("sd_error"),
             "errors": cal.get("errors"), "interval": cal.get("interval"),
+            "interval_unbounded": cal.get("interval_unbounded") or [],
             "estimate_whole_windows_error": whole / cal["true_capacity_rps"] - 1 if whole else None,
             "stopped_early_steps": sum(1 for st in s["steps"] if st.get("stopped_early")),
             "truth_in_interval": cal.get("truth_in_interval"), "steps": len(s["steps"]),
@@ -137,8 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     estimate = {"max_abs_error": max(abs(r["errors"]["estimate"]) for r in with_est) if with_est else None,
                 "spread": (max(est) - min(est)) / statistics.median(est) if len(est) > 1 else None,
                 "intervals_hold_others": [sum(held), len(held)]}
+    judged = [r["truth_in_interval"] for r in runs if r.get("truth_in_interval") is not None]
+    coverage = {"truth_in_interval": [sum(judged), len(judged)],
+                "share": sum(judged) / len(judged) if judged else None,
+                "unbounded": sum(1 for r in runs if r.get("interval_unbounded")),
+                "median_width": statistics.median([(r["interval"][1] - r["interval"][0]) / r["true_rps"]
+                                                   for r in runs if r.get("interval") and r.get("true_rps")] or [0.0]),
+                "mean_error": statistics.mean([r["error"] for r in runs if r.get("error") is not None] or [0.0])}
     result = {
-        "bench": "calibration", "started_at": now_iso(), "git_commit": git_commit(), "machine": machine(),
+        "bench": "calibration", "coverage": coverage, "started_at": now_iso(), "git_commit": git_commit(),
+        "machine": machine(),
         "versions": versions(), "scenario": str(args.scenario), "extra_flags": extra, "runs": runs,
         "true_rps": runs[0].get("true_rps") if runs else None, "max_abs_error": max(errors) if errors else None,
         "spread": spread, "estimate": estimate, "goals": {"max_abs_error": 0.03, "spread": 0.05},
