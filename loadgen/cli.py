@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", metavar="NAME,...",
                    help="several model names it serves (instead of --model): /v1/models lists them all and an "
                         "answer carries the name asked for")
+    p.add_argument("--fcfs", action="store_true",
+                   help="refuse a request with a non-zero priority field 400, as vLLM does unless it runs with "
+                        "--scheduling-policy priority (the default accepts and ignores it)")
     p.add_argument("--check-model", action="store_true",
                    help="answer a request naming a model it does not serve 404, in vLLM's words: {\"error\": "
                         "{\"message\": \"The model `x` does not exist.\", \"type\": \"NotFoundError\", \"code\": 404}}")

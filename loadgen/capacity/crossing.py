@@ -192,8 +192,10 @@ def profile_interval(x: np.ndarray, over: np.ndarray, n: np.ndarray, level: floa
     nearly separates them (on the paced calibration queue, ``loadgen/scenarios/calibrate-steady.yaml``, the
     floor is what lifts the interval's coverage to its level). Why not only a bootstrap of the windows: the
     search places each window from the verdicts before it, and a bootstrap that keeps the loads fixed
-    understates the spread; a likelihood does not depend on how the loads were chosen. Each end widens by ``PROFILE_STEP`` until the rise bounds it, up to
-    ``MAX_REACH``; an end it never bounds is named in ``unbounded``."""
+    understates the spread; a likelihood does not depend on how the loads were chosen. Each end widens by
+    ``PROFILE_STEP`` until the rise bounds it, up to ``MAX_REACH``; beyond that the nearest load whose share is
+    significantly past the level bounds it (``significant_loads``); an end neither bounds is named in
+    ``unbounded``."""
     near = (x >= estimate / NEIGHBOURHOOD) & (x <= estimate * NEIGHBOURHOOD)
     lx, o, m = np.log(x[near]), over[near], n[near]
     k = int(near.sum())

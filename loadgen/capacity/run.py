@@ -119,16 +119,26 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan,
         "load": outcome.rated_load, "axis": plan.search.axis, "lower_bound": outcome.search_verdict == "never_broke",
         "confirmed": outcome.confirmed,
         "estimate": None, "ci_low": None, "ci_high": None, "ci_unbounded": [], "ci_of": None, "confidence": None,
-        "boundary": None,
-        "binding": None,
+        "boundary": None, "binding": None, "tier_capacity": {},
     }
     if interval is not None:
         out.update(estimate=interval["estimate"], ci_low=interval["ci_low"], ci_high=interval["ci_high"],
                    ci_unbounded=interval.get("ci_unbounded", []),
                    ci_of=interval["of"], confidence=interval["confidence"], boundary=interval["boundary"],
-                   binding=interval["binding"], interval=interval)
+                   binding=interval["binding"], interval=interval, tier_capacity=tier_capacity(interval))
         if interval.get("open"):  # no crossing inside the loads tried: no interval to gate on
             out.update(ci_low=None, ci_high=None, ci_unbounded=[])
+    return out
+
+
+def tier_capacity(interval: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each tier's own rated load at the scenario's mix: the lowest crossing over its SLOs (on the rating's
+    axis), with ``open`` ``above`` where its SLOs held at every load tried (its capacity is at least that)."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in interval.get("crossings") or []:
+        best = out.get(c["tier"])
+        if best is None or c["load"] < best["load"]:
+            out[c["tier"]] = {"load": c["load"], "open": c.get("open"), "metric": c["metric"]}
     return out
 
 

@@ -120,6 +120,10 @@ def print_verdict(s: dict[str, Any]) -> None:
                       f"binding SLO: {b.get('tier')} {b.get('metric')}"
                       + ("" if r.get("confirmed") is None else
                          ("; both ends confirmed on fresh arrivals" if r["confirmed"] else "; UNCONFIRMED")))
+        if len(r.get("tier_capacity") or {}) > 1:  # each tier's own crossing at the mix: which binds, by how much
+            per_tier = [f"{t} {'≥ ' if c.get('open') == 'above' else ''}{c['load']:.3g}"
+                        for t, c in r["tier_capacity"].items()]
+            con.print("per tier at this mix: " + ", ".join(per_tier))
         if r.get("concurrency") is not None:
             con.print(f"concurrency there: {_num(r['concurrency_measured'])} in flight measured, "
                       f"{_num(r['concurrency_littles_law'])} by Little's law"

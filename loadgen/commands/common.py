@@ -81,6 +81,9 @@ def target_options(args: argparse.Namespace, scenario=None):
                          access=access, extra_body=extra_body,
                          explicit=set(scenario.explicit_fields) if scenario is not None else set(),
                          send_tier=scenario.send_tier if scenario is not None else None,
+                         send_priority=getattr(scenario, "send_priority", None),
+                         tier_priority=dict(getattr(scenario, "tier_priority", None) or {}),
+                         tier_headers=dict(getattr(scenario, "tier_headers", None) or {}),
                          continuous_usage=getattr(scenario, "continuous_usage", None),
                          endpoint=pick(getattr(args, "endpoint", None), getattr(scenario, "endpoint", None)))
 

@@ -75,6 +75,7 @@ def cmd_mock_server(args: argparse.Namespace) -> int:
                      reasoning_field=args.reasoning_field, tokens_per_chunk=args.tokens_per_chunk,
                      per_request_metrics=args.per_request_metrics, responses=not args.no_responses,
                      slots=args.slots, prefill_ms_per_token=args.prefill_ms_per_token, models=tuple(names[1:]),
-                     check_model=args.check_model, api_key=args.api_key, request_log=args.log_requests),
+                     check_model=args.check_model, api_key=args.api_key, request_log=args.log_requests,
+                     fcfs=args.fcfs),
           args.host, args.port)
     return EXIT_OK

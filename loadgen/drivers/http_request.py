@@ -24,6 +24,11 @@ class ClientConfig:
     abort_after_conn_errors: int = 10  # consecutive connection failures that end the run (0: never)
 
 
+def tier_headers(spec: RequestSpec, cfg: ClientConfig) -> dict[str, str] | None:
+    """The headers a request of this spec's tier carries beside the run's own (``tiers.<t>.headers``)."""
+    return cfg.shape.tier_headers.get(spec.tier) if spec.tier else None
+
+
 def build_body(spec: RequestSpec, cfg: ClientConfig, model: str) -> tuple[str, bytes]:
     """The endpoint path and JSON body for one request: ``/v1/completions`` or ``/v1/chat/completions``
     by the prompt's kind (every prompt to chat with ``shape.chat``), or the Responses API
@@ -50,6 +55,8 @@ def build_body(spec: RequestSpec, cfg: ClientConfig, model: str) -> tuple[str, b
         body["ignore_eos"] = True
     if shape.service_tier and spec.tier:
         body["service_tier"] = spec.tier
+    if spec.tier in shape.priorities:
+        body["priority"] = shape.priorities[spec.tier]
     if cfg.extra_body:
         body.update(cfg.extra_body)
     return path, json.dumps(body, separators=(",", ":")).encode()

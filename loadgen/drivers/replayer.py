@@ -21,7 +21,7 @@ from loadgen.drivers import client_cancel
 from loadgen.drivers.base import Progress, RecordSink
 from loadgen.drivers.conversations import Conversation, Unit, fill_record, renamed, units
 from loadgen.drivers.event_loop import now
-from loadgen.drivers.http_request import ClientConfig, build_body
+from loadgen.drivers.http_request import ClientConfig, build_body, tier_headers
 from loadgen.drivers.stream_recorder import StreamRecorder
 from loadgen.results.records import RequestRecord
 from loadgen.target.access import check_target
@@ -233,7 +233,8 @@ class Replayer:
                                                           self._client_cancel, task, rec, spec)
         try:
             rec.sent_s = now() - t0
-            async with self._session.post(self.cfg.target + path, data=body) as resp:
+            post = self._session.post(self.cfg.target + path, data=body, headers=tier_headers(spec, self.cfg))
+            async with post as resp:
                 rec.http_status = resp.status
                 self._conn_errors_in_a_row = 0
                 if resp.status != 200:

@@ -18,12 +18,13 @@ workload:
   token_range: [10, 250]
   # trace: path, format, time_scale, rate, start_offset_s, block_size, skip_failed, output_len
 tiers:                     # weight and SLOs (ms) per service tier
-  premium: {weight: 1, slo: {ttft_ms: 300}}
+  premium: {weight: 1, slo: {ttft_ms: 300}}   # priority: 0, headers: {x-tenant-class: gold}: sent with its requests
   standard: {weight: 3, slo: {ttft_ms: 800, tpot_ms: {threshold: 50, quantile: 0.9}}}  # an SLO's own quantile
   # an SLO on the window's mean instead: tpot_ms: {threshold: 50, statistic: mean} (--slo tpot:50@mean)
 load: {arrival: poisson, rate: 4, requests: 40, duration_s: 30}   # arrival: poisson|gamma|constant|closed
 goodput: {ttft_ms: 800}
 client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10, send_tier: null,
+         send_priority: null,  # each tier's request priority (null: with 2+ tiers, when the target takes it)
          endpoint: null,  # endpoint: completions | chat | responses (null: by prompt kind, as the target takes)
          continuous_usage: null}  # false: never ask for usage in every chunk (null: when the target takes it)
 search:                    # for ``slobench capacity`` (see loadgen/capacity/)
@@ -122,6 +123,10 @@ class Scenario:
     headroom: float = 0.2
     shaping: TraceShaping = field(default_factory=TraceShaping)  # trace workloads: length scaling, caps, ties
     send_tier: bool | None = None  # client.send_tier: None sends tiers when the target accepts service_tier
+    # client.send_priority: None sends each tier's priority when there are 2+ tiers and the target accepts it
+    send_priority: bool | None = None
+    tier_priority: dict[str, int] = field(default_factory=dict)  # tiers.<t>.priority, set explicitly
+    tier_headers: dict[str, dict[str, str]] = field(default_factory=dict)  # tiers.<t>.headers
     endpoint: str | None = None  # client.endpoint: completions | chat | responses; None: by prompt kind
     # client.continuous_usage: False never asks for usage in every chunk (it costs the server a little per
     # chunk; without it tokens per chunk are unknown); None asks when the target accepts it

@@ -119,6 +119,11 @@ def _parse_tiers(tiers: MappingNode, s: Scenario) -> None:
                                 f"{', '.join(TIER_NAMES)})")
         t = tiers.child(name)
         s.tiers[name] = t.get("weight", float, 1.0, min_value=0.0)
+        if (priority := t.get("priority", (int, type(None)), None)) is not None:
+            s.tier_priority[name] = priority
+        if (headers := t.child("headers", None)) is not None:
+            s.tier_headers[name] = {str(k): headers.get(k, str) for k in list(headers.data)}
+            headers.check_unknown()
         slo = t.child("slo", None)
         if slo:
             s.tier_slos[name] = {}
@@ -369,6 +374,9 @@ def _parse_client(c: MappingNode, s: Scenario) -> None:
     s.send_tier = c.get("send_tier", (bool, type(None)), None)
     if s.send_tier:
         s.explicit_fields.add("service_tier")
+    s.send_priority = c.get("send_priority", (bool, type(None)), None)
+    if s.send_priority:
+        s.explicit_fields.add("priority")
     s.endpoint = c.get("endpoint", (str, type(None)), None, choices=(*ENDPOINTS, None))
     s.continuous_usage = c.get("continuous_usage", (bool, type(None)), None)
     c.check_unknown()

@@ -17,7 +17,13 @@ from typing import Any
 
 from loadgen.target.access import Access, check_target
 from loadgen.target.probe import PROBE_TEXT, Capabilities, probe
-from loadgen.target.request_shape import RequestShape, TargetFit, fit_request_shape
+from loadgen.target.request_shape import (
+    RequestShape,
+    TargetFit,
+    fit_request_shape,
+    priority_note,
+    tier_priorities,
+)
 from loadgen.target.tokenize import ServerTokenizer
 from loadgen.workload.exact_text import TextMaker
 from loadgen.workload.specs import RequestSpec
@@ -35,6 +41,9 @@ class TargetOptions:
     extra_body: dict[str, Any] = field(default_factory=dict)  # --extra-body: merged into every request's body
     explicit: set[str] = field(default_factory=set)  # fields asked for explicitly: an error when rejected
     send_tier: bool | None = None  # False: never send tiers; None: when accepted
+    send_priority: bool | None = None  # False: never send priorities; None: with 2+ tiers, when accepted
+    tier_priority: dict[str, int] = field(default_factory=dict)  # tiers.<t>.priority, set explicitly
+    tier_headers: dict[str, dict[str, str]] = field(default_factory=dict)  # tiers.<t>.headers
     continuous_usage: bool | None = None  # False: never ask for usage in every chunk; None: when accepted
     endpoint: str | None = None  # completions | chat | responses (--endpoint, client.endpoint); None: by prompt kind
 
@@ -83,11 +92,14 @@ def prepare_target(target: str, model: str | None, specs: list[RequestSpec], opt
 def _prepare(target: str, model: str, specs: list[RequestSpec], opts: TargetOptions, tokenizer: Tokenizer | None,
              headers: dict[str, str]) -> PreparedTarget:
     real_history = any(s.follow_up for s in specs)  # token ids cannot carry the server's reply: text or chat
+    tiers = sorted({s.tier for s in specs if s.tier})
     if not opts.probe:
+        wanted = wanted_priorities(tiers, "unknown", opts)
         shape = RequestShape(service_tier=opts.send_tier is not False, endpoint=opts.endpoint,
-                             chat=opts.endpoint == "chat")
-        prepared = PreparedTarget(model, TargetFit(shape, notes=["the target was not probed (--no-probe): every "
-                                                                 "optional field and token-id prompts are sent"]))
+                             chat=opts.endpoint == "chat", priorities=wanted, tier_headers=dict(opts.tier_headers))
+        notes = ["the target was not probed (--no-probe): every optional field and token-id prompts are sent"]
+        prepared = PreparedTarget(model, TargetFit(shape, notes=notes + ([priority_note(wanted, "unknown")]
+                                                                         if wanted else [])))
         if real_history:
             prepared.maker = TextMaker(tokenizer or WordTokenizer())
             prepared.tokenizer_source = (f"--tokenizer {tokenizer.name}" if tokenizer
@@ -95,8 +107,10 @@ def _prepare(target: str, model: str, specs: list[RequestSpec], opts: TargetOpti
             prepared.warnings.append(HISTORY_NOTE.format(kind="text"))
         return prepared
     caps = asyncio.run(probe(target, model, headers, endpoint=opts.endpoint, extra_body=opts.extra_body))
-    fit = fit_request_shape(caps, explicit=opts.explicit, uses_tiers=any(s.tier for s in specs),
-                            token_prompts=any(s.kind == "tokens" for s in specs), endpoint=opts.endpoint)
+    fit = fit_request_shape(caps, explicit=opts.explicit, uses_tiers=bool(tiers),
+                            token_prompts=any(s.kind == "tokens" for s in specs), endpoint=opts.endpoint,
+                            priorities=wanted_priorities(tiers, caps.server, opts))
+    fit.shape.tier_headers = dict(opts.tier_headers)
     if opts.send_tier is False:
         fit.shape.service_tier = False
     if opts.continuous_usage is False and fit.shape.continuous_usage:
@@ -110,6 +124,16 @@ def _prepare(target: str, model: str, specs: list[RequestSpec], opts: TargetOpti
     if fit.shape.text_prompts or fit.shape.chat or real_history:
         _text_source(prepared, target, tokenizer, headers)
     return prepared
+
+
+def wanted_priorities(tiers: list[str], server: str, opts: TargetOptions) -> dict[str, int]:
+    """The tiers' priorities to send, if the target takes them: none with one tier (unless asked for), none
+    when ``client.send_priority`` is false, none to the reference engine (it schedules by ``service_tier``)."""
+    if opts.send_priority is False or server == "slobench" or not tiers:
+        return {}
+    if len(tiers) < 2 and not opts.send_priority and not opts.tier_priority:
+        return {}
+    return tier_priorities(tiers, server, opts.tier_priority)
 
 
 HISTORY_NOTE = ("conversations with real history are sent as {kind}: each turn carries the previous prompt, the "

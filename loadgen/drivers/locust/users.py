@@ -158,7 +158,9 @@ class _StreamingUser(FastHttpUser):
             late = latency.lateness_ms(rec)
             if late > tally.late_max_ms:
                 tally.late_max_ms = late
-            resp = http.request("POST", path, body=body, headers=st.cfg_headers)
+            extra = st.cfg.shape.tier_headers.get(spec.tier) if spec.tier else None
+            sent_headers = {**st.cfg_headers, **extra} if extra else st.cfg_headers
+            resp = http.request("POST", path, body=body, headers=sent_headers)
             rec.http_status = resp.status_code
             if rec.http_status != 200:
                 rec.status = "rejected" if rec.http_status == 429 else "http_error"

@@ -31,6 +31,7 @@ class MockConfig:
     check_model: bool = False  # 404 (vLLM's words) for a request naming a model it does not serve
     api_key: str | None = None  # every /v1/ request must carry ``Authorization: Bearer <api_key>`` (vLLM's rule)
     request_log: str | None = None  # append one JSON line per HTTP request received (a test aid)
+    fcfs: bool = False  # refuse a non-zero ``priority`` with 400, as vLLM does unless --scheduling-policy priority
 
     def served(self) -> tuple[str, ...]:
         """Every model name it serves, ``model`` first."""
@@ -76,6 +77,13 @@ def unknown_model(cfg: MockConfig, req) -> str | None:
     if not cfg.check_model or not isinstance(req, dict) or req.get("model") in (None, *cfg.served()):
         return None
     return str(req["model"])
+
+
+def priority_refusal(cfg: MockConfig, req) -> str | None:
+    """With ``fcfs``, vLLM's 400 for a request that asks for a priority its FCFS scheduler cannot give."""
+    if not cfg.fcfs or not isinstance(req, dict) or req.get("priority") in (None, 0):
+        return None
+    return f"Got priority {req['priority']} but Priority scheduling is not enabled."
 
 
 def answer_model(cfg: MockConfig, req: dict) -> str:

@@ -23,6 +23,8 @@ carries the name asked for); ``check_model`` answers a request naming another mo
 (``The model `x` does not exist.``, type ``NotFoundError``); without it any name is served, as before.
 ``request_log`` (``--log-requests``), a test aid: one JSON line per HTTP request received, before any check
 (method, path, headers with lower-cased names, the JSON body or null), written and flushed per line.
+``fcfs`` (``--fcfs``) answers a non-zero ``priority`` 400 in vLLM's words, as vLLM's FCFS scheduler does;
+without it the field is accepted and ignored.
 
 It is a bare asyncio protocol (HTTP/1.1 keep-alive, chunked SSE responses, each token one
 ``transport.write`` from a timer callback) rather than an aiohttp app: the mock must be several times
@@ -38,7 +40,14 @@ import time
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from loadgen.target.mock.config import MockConfig, answer_model, authorized, strict_check, unknown_model
+from loadgen.target.mock.config import (
+    MockConfig,
+    answer_model,
+    authorized,
+    priority_refusal,
+    strict_check,
+    unknown_model,
+)
 from loadgen.target.mock.metrics_page import MockMetrics, metrics_padding
 from loadgen.target.mock.slots import SlotQueue, Ticket
 from loadgen.target.mock.stream import plan_responses, plan_stream
@@ -169,6 +178,9 @@ class _Conn(asyncio.Protocol):
             return
         if (name := unknown_model(cfg, req)) is not None:
             self.tr.write(model_not_found(name))
+            return
+        if (refused := priority_refusal(cfg, req)) is not None:
+            self.tr.write(error(400, refused))
             return
         chat = path.endswith("/chat/completions")
         api = "responses" if path == "/v1/responses" else "chat" if chat else "completions"
