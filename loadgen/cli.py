@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", metavar="NAME,...",
                    help="several model names it serves (instead of --model): /v1/models lists them all and an "
                         "answer carries the name asked for")
+    p.add_argument("--refuse", action="append", default=[], metavar="STATUS:EVERY[:RETRY_AFTER_S]",
+                   help="answer every EVERY-th completion request STATUS instead (e.g. 429:3:2: every third "
+                        "refused 429 with Retry-After: 2); repeatable, the first rule that matches wins")
     p.add_argument("--fcfs", action="store_true",
                    help="refuse a request with a non-zero priority field 400, as vLLM does unless it runs with "
                         "--scheduling-policy priority (the default accepts and ignores it)")

@@ -85,7 +85,7 @@ def _trace(tmp: Path) -> Path:
 def complete_scenarios(tmp: Path) -> list[dict]:
     """Scenarios that together use every section and every branch of the parser."""
     trace = _trace(tmp)
-    tiers = {"premium": {"weight": 1, "slo": {"ttft_ms": 300, "quantile": 0.99}},
+    tiers = {"premium": {"weight": 1, "slo": {"ttft_ms": 300, "quantile": 0.99, "max_shed": 0.01}},
              "standard": {"weight": 2, "slo": {"ttft_ms": 800, "tpot_ms": {"threshold": 50, "quantile": 0.9}}}}
     lengths = [{"dist": "fixed", "value": 8}, {"dist": "uniform", "min": 4, "max": 16},
                {"dist": "normal", "mean": 10, "std": 2}, {"dist": "lognormal", "mean": 10, "sigma": 0.5},

@@ -33,7 +33,7 @@ def test_run_scenario_against_the_mock_server(mock_server, tmp_path):
     keys = {"id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "prompt_tokens",
             "output_tokens", "status", "http_status", "error", "server", "prompt_tokens_intended",
             "first_output_s", "reasoning_tokens", "chunk_tokens", "cached_tokens", "conversation", "turn",
-            "cancel_reason"}
+            "cancel_reason", "retry_after_s", "retries"}
     for x in recs:
         assert set(x) == keys
         assert x["output_tokens"] == 8 and len(x["token_s"]) == 8 and x["prompt_tokens"] == 12

@@ -26,7 +26,8 @@ from tests.helpers import ENV, REPO, slobench
 LOCUSTFILE = REPO / "loadgen" / "drivers" / "locust" / "locustfile.py"
 KEYS = {"id", "stage", "tier", "scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "prompt_tokens",
         "output_tokens", "status", "http_status", "error", "server", "prompt_tokens_intended",
-        "first_output_s", "reasoning_tokens", "chunk_tokens", "cached_tokens", "conversation", "turn", "cancel_reason"}
+        "first_output_s", "reasoning_tokens", "chunk_tokens", "cached_tokens", "conversation", "turn", "cancel_reason",
+        "retry_after_s", "retries"}
 
 
 def locust(*args, timeout=120):

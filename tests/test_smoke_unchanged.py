@@ -25,8 +25,10 @@ ADDED_METRICS = ("ttfot", "chunk_gap")  # TTFOT and chunk gaps, overall and per 
 ADDED |= {f"breakdown.{s}_front_end_ms" for s in ("mean", "p50", "p99")}  # the front end's share (engine speed)
 ADDED |= {f"breakdown.{s}_held_ms" for s in ("mean", "p50", "p99")}  # first token -> first text (overload)
 ADDED |= {"schema_version"}  # outputs as an interface (docs/outputs.md)
+ADDED |= {"outcomes", "retries"}  # outcome classes and resends of shed requests
+ADDED_PREFIXES += ("outcomes.",)
 ADDED_RECORD_FIELDS = {"prompt_tokens_intended", "first_output_s", "reasoning_tokens", "chunk_tokens",
-                       "cached_tokens", "conversation", "turn", "cancel_reason"}
+                       "cached_tokens", "conversation", "turn", "cancel_reason", "retry_after_s", "retries"}
 TIME = {"scheduled_s", "sent_s", "first_token_s", "token_s", "done_s", "server", "first_output_s"}
 UNNESTED = ("versions", "machine", "argv", "errors", "errors_by_http_status", "scenario")
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.results import latency
+from loadgen.results.outcomes import within_shed_budget
 from loadgen.results.records import RequestRecord
 from loadgen.results.sequential import SequentialTest, clusters, effective_n
 from loadgen.results.slo import breach_certain, mean_of
@@ -132,6 +133,9 @@ class StepLooks:
         breach: Decision | None = None
         for tier, slos in plan.slos.items():
             rs = by_tier.get(tier, [])
+            if slos:  # the refusals within the tier's shed budget are not judged (results.outcomes)
+                rs = within_shed_budget(sorted(rs, key=lambda r: r.scheduled_s), max(s.max_shed for s in slos),
+                                        of=max(len(rs), self.planned.get(tier, 0)))
             sched = np.asarray([r.scheduled_s for r in rs], dtype=float)
             for slo in slos:
                 vals = np.asarray([latency.slo_value(r, slo.metric, t) for r in rs], dtype=float)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.capacity import rating
+from loadgen.capacity.cause import break_cause
 from loadgen.capacity.headline import headline, interval_span, verdict_text
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step, StepResult
@@ -120,15 +121,25 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan,
         "confirmed": outcome.confirmed,
         "estimate": None, "ci_low": None, "ci_high": None, "ci_unbounded": [], "ci_of": None, "confidence": None,
         "boundary": None, "binding": None, "tier_capacity": {},
+        "cause": break_cause(d, first_failure(outcome), None, plan.lateness_bound_ms),
     }
     if interval is not None:
         out.update(estimate=interval["estimate"], ci_low=interval["ci_low"], ci_high=interval["ci_high"],
                    ci_unbounded=interval.get("ci_unbounded", []),
                    ci_of=interval["of"], confidence=interval["confidence"], boundary=interval["boundary"],
                    binding=interval["binding"], interval=interval, tier_capacity=tier_capacity(interval))
+        out["cause"] = break_cause(d, first_failure(outcome), (interval.get("binding") or {}).get("metric"),
+                                   plan.lateness_bound_ms)
         if interval.get("open"):  # no crossing inside the loads tried: no interval to gate on
             out.update(ci_low=None, ci_high=None, ci_unbounded=[])
     return out
+
+
+def first_failure(outcome: SearchOutcome) -> dict[str, Any] | None:
+    """The detail of the lowest counted step above the rated load that failed: where the SLO broke."""
+    above = [s for s in outcome.steps if s.counted and not s.passed and s.load > outcome.rated_load
+             and s.phase != "refine"]
+    return min(above, key=lambda s: (s.load, s.index)).result.detail if above else None
 
 
 def tier_capacity(interval: dict[str, Any]) -> dict[str, dict[str, Any]]:

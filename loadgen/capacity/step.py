@@ -129,7 +129,7 @@ class CapacityRunner:
         s = self.plan.scenario
         self.writer = StepRecordWriter(req)
         cfg = ClientConfig(self.target, model=self.model, max_connections=s.max_connections,
-                           read_timeout_s=s.read_timeout_s)
+                           read_timeout_s=s.read_timeout_s, retries=s.retries, retry_max_wait_s=s.retry_max_wait_s)
         if self.prepared is not None:
             cfg.shape = self.prepared.shape
             cfg.headers, cfg.extra_body = self.prepared.headers, self.prepared.extra_body

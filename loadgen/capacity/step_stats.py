@@ -15,6 +15,7 @@ import numpy as np
 
 from loadgen.capacity.plan import CapacityPlan
 from loadgen.results import latency
+from loadgen.results.outcomes import outcome_counts, within_shed_budget
 from loadgen.results.records import RequestRecord
 from loadgen.results.scraped import breakdown_histogram_means, family
 from loadgen.results.sequential import clusters
@@ -159,11 +160,14 @@ def tier_entry(rs: list[RequestRecord], slos: list[SLO], q: float, confidence: f
         "p50_ttft_ms": latency.percentile(ok_ttft, 50), "p99_ttft_ms": latency.percentile(ok_ttft, 99),
         "failed": j.failed, "censored": sum(1 for r in rs if r.status == "cancelled" and r.first_token_s is None),
         "slo": [s.as_dict() for s in slos] or None, "judged": {},
+        "outcomes": outcome_counts(rs, {s.metric: s.threshold_ms for s in slos if not s.is_mean}),
     }
     if not slos or not rs:
         return entry
     verdicts = []
-    in_order = sorted(rs, key=lambda r: r.scheduled_s)
+    # the shed budget: the refusals it allows are reported (outcomes) but not judged
+    in_order = within_shed_budget(sorted(rs, key=lambda r: r.scheduled_s), max(s.max_shed for s in slos))
+    entry["shed_unjudged"] = len(rs) - len(in_order)
     for slo in slos:
         values = latency.slo_values(in_order, slo.metric)
         jj = judge(values, slo, confidence, seed=seed)
@@ -231,15 +235,23 @@ def scraped_step_metrics(metrics: list[dict], start: float, w0: float, w1: float
         "server_running": mean_of((srv.running,), sum) if srv.running else None,
         "server_waiting": mean_of((srv.waiting,), sum) if srv.waiting else None,
         "admission_rejections": None,
+        "preemptions": None,
         "breakdown_histograms": {},
     }
     if first is not None and last is not None:
+        for name in PREEMPTIONS:  # vLLM's counter, and the reference engine's under the same name
+            if family(last, name):
+                out["preemptions"] = int(round(sum(family(last, name)) - sum(family(first, name))))
+                break
         rejected = family(last, "slobench:admission_rejections_total")
         if rejected:
             out["admission_rejections"] = int(round(sum(rejected) - sum(family(first,
                                                                             "slobench:admission_rejections_total"))))
         out["breakdown_histograms"] = breakdown_histogram_means(first, last, srv)
     return out
+
+
+PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 
 
 def batch_fill(win: list[dict], srv: ServerMetrics, max_num_seqs: int | None) -> tuple[float | None, str | None]:

@@ -23,7 +23,7 @@ from loadgen.commands.common import (
     run_dir_from,
     target_options,
 )
-from loadgen.commands.flags import scenario_from_args, target_url
+from loadgen.commands.flags import check_driver_support, scenario_from_args, target_url
 from loadgen.commands.summary_table import print_target_fit
 
 EXIT_INVALID = 3
@@ -45,6 +45,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from loadgen.workload.tokenizer import TokenizerError
 
     scn, path = scenario_from_args(args, needs_slo=True)
+    check_driver_support(scn, args.driver)
     target = target_url(args.target or scn.target)
     try:
         CapacityPlan.from_scenario(scn)  # bad input fails before an engine starts
@@ -120,6 +121,9 @@ def print_verdict(s: dict[str, Any]) -> None:
                       f"binding SLO: {b.get('tier')} {b.get('metric')}"
                       + ("" if r.get("confirmed") is None else
                          ("; both ends confirmed on fresh arrivals" if r["confirmed"] else "; UNCONFIRMED")))
+        if r.get("cause"):
+            c = r["cause"]
+            con.print(f"cause of the break (step {c['failing_step']}): {c['cause']}: {escape(c['why'])}")
         if len(r.get("tier_capacity") or {}) > 1:  # each tier's own crossing at the mix: which binds, by how much
             per_tier = [f"{t} {'≥ ' if c.get('open') == 'above' else ''}{c['load']:.3g}"
                         for t, c in r["tier_capacity"].items()]

@@ -127,6 +127,19 @@ def scenario_flags(args: argparse.Namespace) -> ScenarioFlags:
         raise UsageError(str(e)) from None
 
 
+def check_driver_support(scn, driver: str) -> None:
+    """``client.retries`` and a shed budget need the replayer: Locust's users do not resend a refused request,
+    and its ramp judges every refusal."""
+    if driver != "locust":
+        return
+    if getattr(scn, "retries", 0):
+        raise UsageError("client.retries: the Locust driver does not resend shed requests; use the default "
+                         "driver (--driver aiohttp) or set client.retries: 0")
+    if any((getattr(scn, "tier_max_shed", None) or {}).values()):
+        raise UsageError("slo.max_shed: the Locust driver judges every refusal; use the default driver "
+                         "(--driver aiohttp) for a shed budget")
+
+
 def target_url(given: str | None) -> str | None:
     """The target's base URL (``/v1`` and a trailing slash dropped); a UsageError for one that is not http(s)."""
     from loadgen.target.access import base_url

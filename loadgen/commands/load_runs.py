@@ -20,7 +20,7 @@ from loadgen.commands.common import (
     run_dir_from,
     target_options,
 )
-from loadgen.commands.flags import scenario_from_args, slo_flags, target_url
+from loadgen.commands.flags import check_driver_support, scenario_from_args, slo_flags, target_url
 from loadgen.commands.summary_table import print_summary
 from loadgen.results.latency import LATENESS_BOUND_MS
 
@@ -117,6 +117,7 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
 
     if not run.specs:
         raise UsageError("the workload has no requests")
+    check_driver_support(run.scenario, args.driver)
     if run.workers < 1 or run.max_connections < 0 or run.concurrency < 0:
         raise UsageError("--workers must be >= 1, --max-connections and --concurrency >= 0")
     target = target_url(run.target)
@@ -133,7 +134,8 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
         opts = RunOptions(
             run_dir=run_dir,
             client=ClientConfig(target.rstrip("/"), model=run.model, max_connections=run.max_connections,
-                                read_timeout_s=run.read_timeout_s),
+                                read_timeout_s=run.read_timeout_s, retries=getattr(run.scenario, "retries", 0),
+                                retry_max_wait_s=getattr(run.scenario, "retry_max_wait_s", 30.0)),
             workers=run.workers, driver=args.driver, concurrency=run.concurrency, scrape=not args.no_scrape,
             progress=not args.no_progress and sys.stderr.isatty(), goodput=goodput, tier_slos=run.tier_slos,
             lateness_bound_ms=run.lateness_bound_ms, watch=engine.died if engine else None,

@@ -45,6 +45,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def parse_refuse(text: str) -> tuple[int, int, float | None]:
+    """``STATUS:EVERY[:RETRY_AFTER]`` (``--refuse 429:3:2``) as (status, every, retry_after_s)."""
+    parts = text.split(":")
+    try:
+        if len(parts) not in (2, 3):
+            raise ValueError
+        status, every = int(parts[0]), int(parts[1])
+        retry = float(parts[2]) if len(parts) == 3 else None
+    except ValueError:
+        raise UsageError(f"--refuse {text}: expected STATUS:EVERY[:RETRY_AFTER_S], e.g. 429:3:2") from None
+    if not 400 <= status <= 599 or every < 1 or (retry is not None and retry < 0):
+        raise UsageError(f"--refuse {text}: STATUS is an HTTP error (400-599), EVERY >= 1, RETRY_AFTER_S >= 0")
+    return status, every, retry
+
+
 def cmd_mock_server(args: argparse.Namespace) -> int:
     from loadgen.target.mock.config import STRICT_FIELDS, MockConfig
     from loadgen.target.mock.server import serve
@@ -76,6 +91,6 @@ def cmd_mock_server(args: argparse.Namespace) -> int:
                      per_request_metrics=args.per_request_metrics, responses=not args.no_responses,
                      slots=args.slots, prefill_ms_per_token=args.prefill_ms_per_token, models=tuple(names[1:]),
                      check_model=args.check_model, api_key=args.api_key, request_log=args.log_requests,
-                     fcfs=args.fcfs),
+                     fcfs=args.fcfs, refuse=tuple(parse_refuse(r) for r in args.refuse)),
           args.host, args.port)
     return EXIT_OK

@@ -3,7 +3,9 @@ aiohttp replayer and the Locust users, so both send byte-identical requests."""
 
 from __future__ import annotations
 
+import email.utils
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,27 @@ class ClientConfig:
     shape: RequestShape = field(default_factory=RequestShape)  # the optional fields the target accepts
     extra_body: dict[str, Any] = field(default_factory=dict)  # --extra-body: merged into every request's body
     abort_after_conn_errors: int = 10  # consecutive connection failures that end the run (0: never)
+    retries: int = 0  # client.retries: resend a shed request (429 / 503 / 529) up to this many times
+    retry_max_wait_s: float = 30.0  # the longest Retry-After honoured before a resend
+
+
+def retry_after(value: str | list[str] | None) -> float | None:
+    """A ``Retry-After`` header in seconds: delta-seconds, or an HTTP date (seconds from now); None when
+    absent or unreadable (a repeated header: its first)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def tier_headers(spec: RequestSpec, cfg: ClientConfig) -> dict[str, str] | None:

@@ -21,8 +21,9 @@ from loadgen.drivers import client_cancel
 from loadgen.drivers.base import Progress, RecordSink
 from loadgen.drivers.conversations import Conversation, Unit, fill_record, renamed, units
 from loadgen.drivers.event_loop import now
-from loadgen.drivers.http_request import ClientConfig, build_body, tier_headers
+from loadgen.drivers.http_request import ClientConfig, build_body, retry_after, tier_headers
 from loadgen.drivers.stream_recorder import StreamRecorder
+from loadgen.results.outcomes import SHED_HTTP
 from loadgen.results.records import RequestRecord
 from loadgen.target.access import check_target
 from loadgen.target.discovery import error_text
@@ -227,21 +228,33 @@ class Replayer:
         prog.in_flight += 1
         task = asyncio.current_task()
         self._active[task] = rec
-        timer = None
+        timer = deadline = None
+        loop = asyncio.get_running_loop()
         if spec.cancel_after_s is not None:  # the user closes the tab t s after the scheduled time
-            timer = asyncio.get_running_loop().call_later(max(0.0, t0 + scheduled_s + spec.cancel_after_s - now()),
-                                                          self._client_cancel, task, rec, spec)
+            timer = loop.call_later(max(0.0, t0 + scheduled_s + spec.cancel_after_s - now()),
+                                    self._client_cancel, task, rec, spec)
+        if spec.deadline_s is not None:  # the tier's deadline: the client gives up on it
+            deadline = loop.call_later(max(0.0, t0 + scheduled_s + spec.deadline_s - now()),
+                                       self._deadline, task, rec, spec)
         try:
             rec.sent_s = now() - t0
-            post = self._session.post(self.cfg.target + path, data=body, headers=tier_headers(spec, self.cfg))
-            async with post as resp:
-                rec.http_status = resp.status
-                self._conn_errors_in_a_row = 0
-                if resp.status != 200:
-                    rec.status = "rejected" if resp.status == 429 else "http_error"
+            while True:
+                post = self._session.post(self.cfg.target + path, data=body, headers=tier_headers(spec, self.cfg))
+                async with post as resp:
+                    rec.http_status = resp.status
+                    self._conn_errors_in_a_row = 0
+                    if resp.status == 200:
+                        reply = await self._stream(resp, rec, spec, keep_text)
+                        break
+                    rec.status = "rejected" if resp.status in SHED_HTTP else "http_error"
                     rec.error = error_text(await resp.read(), resp.status)
-                else:
-                    reply = await self._stream(resp, rec, spec, keep_text)
+                    rec.retry_after_s = retry_after(resp.headers.get("Retry-After"))
+                if rec.status != "rejected" or rec.retries >= self.cfg.retries:
+                    break
+                # resend after the server's Retry-After (bounded); the latency still counts from the schedule
+                await asyncio.sleep(min(rec.retry_after_s or 1.0, self.cfg.retry_max_wait_s))
+                rec.retries += 1
+                rec.status, rec.error, rec.http_status = "ok", None, None
         except asyncio.CancelledError:
             if rec.status != "timeout" and rec.cancel_reason is None:  # the watchdog, a client cancel: set before
                 client_cancel.cancelled_by_run(rec)
@@ -262,14 +275,21 @@ class Replayer:
                 rec.status = "stream_error"
             rec.error = f"{type(e).__name__}: {e}"
         finally:
-            if timer is not None:
-                timer.cancel()
+            for t in (timer, deadline):
+                if t is not None:
+                    t.cancel()
             rec.done_s = now() - t0
             self._active.pop(task, None)
             prog.in_flight -= 1
             prog.finished(rec)
             self.sink.write(rec)
         return rec, reply
+
+    @staticmethod
+    def _deadline(task: asyncio.Task, rec: RequestRecord, spec: RequestSpec) -> None:
+        if not task.done() and rec.status in ("ok", "rejected"):
+            rec.status, rec.error = "timeout", f"client deadline: {spec.deadline_s:g} s after the scheduled time"
+            task.cancel()
 
     @staticmethod
     def _client_cancel(task: asyncio.Task, rec: RequestRecord, spec: RequestSpec) -> None:

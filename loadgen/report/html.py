@@ -142,6 +142,9 @@ def headline(run: d.RunData, first_fail: dict[str, Any] | None = None) -> str | 
                  f"{'users' if rc.get('ci_of') == 'concurrency' else 'req/s'} (estimate {fmt(rc.get('estimate'))}; "
                  f"{rc.get('boundary') or '-'} boundary; binding: {binding.get('tier', '-')} "
                  f"{binding.get('metric', '')})")
+    cause = rc.get("cause") if isinstance(rc.get("cause"), dict) else None
+    if cause and cause.get("cause"):
+        text += f". Cause of the break: {cause['cause']} ({cause.get('why', '')})"
     if isinstance(rc.get("spec_rate_rps"), (int, float)):
         head = s.get("headroom")
         text += (f". Spec capacity with {fmt(100 * head) if isinstance(head, (int, float)) else '?'}% headroom: "

@@ -35,6 +35,7 @@ COLUMNS = {
     "prompt_tokens_intended": "Int64", "output_tokens": "Int64", "reasoning_tokens": "Int64",
     "cached_tokens": "Int64", "status": "string", "http_status": "Int64", "error": "string",
     "cancel_reason": "string", "conversation": "string", "turn": "Int64",
+    "retry_after_s": "float64", "retries": "Int64",
     **{f"server_{k}": ("string" if k == "source" else "float64") for k in SERVER_KEYS},
     "ttft_ms": "float64", "ttfot_ms": "float64", "e2el_ms": "float64", "tpot_ms": "float64",
     "itl_p50_ms": "float64", "itl_p99_ms": "float64", "itl_max_ms": "float64", "lateness_ms": "float64",

@@ -35,6 +35,8 @@ class RequestRecord:
     conversation: str | None = None  # multi-turn: the conversation and the turn this request is
     turn: int | None = None
     cancel_reason: str | None = None  # "client: after k tokens" | "client: after t s" | "run stopped"
+    retry_after_s: float | None = None  # a shed answer's Retry-After, in seconds (the last one, when retried)
+    retries: int = 0  # times the client resent it after a shed answer (client.retries)
 
     def to_json(self) -> str:
         r6 = _r6
@@ -62,6 +64,8 @@ class RequestRecord:
                 "conversation": self.conversation,
                 "turn": self.turn,
                 "cancel_reason": self.cancel_reason,
+                "retry_after_s": self.retry_after_s,
+                "retries": self.retries,
             },
             separators=(",", ":"),
         )

@@ -37,6 +37,7 @@ class SLO:
     threshold_ms: float
     quantile: float = 0.99  # unused by a mean SLO
     statistic: str = "quantile"  # quantile | mean
+    max_shed: float = 0.0  # the tier's shed budget: this share of its requests may be shed without being judged
 
     @property
     def is_mean(self) -> bool:
@@ -48,9 +49,11 @@ class SLO:
         return "mean" if self.is_mean else f"p{100 * self.quantile:g}"
 
     def as_dict(self) -> dict:
+        budget = {"max_shed": self.max_shed} if self.max_shed else {}
         if self.is_mean:
-            return {"metric": self.metric, "statistic": "mean", "quantile": None, "threshold_ms": self.threshold_ms}
-        return {"metric": self.metric, "quantile": self.quantile, "threshold_ms": self.threshold_ms}
+            return {"metric": self.metric, "statistic": "mean", "quantile": None, "threshold_ms": self.threshold_ms,
+                    **budget}
+        return {"metric": self.metric, "quantile": self.quantile, "threshold_ms": self.threshold_ms, **budget}
 
 
 def slo_label(slo: Mapping) -> str:

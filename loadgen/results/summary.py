@@ -16,6 +16,7 @@ import pandas as pd
 
 from loadgen.results import latency
 from loadgen.results.conversation_stats import cancellations_section, conversations_section
+from loadgen.results.outcomes import OUTCOMES, outcome_counts
 from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
 from loadgen.results.slo import mean_of, mean_slos, per_request_slos
 
@@ -127,6 +128,9 @@ def summarize(
         out["total_reasoning_tokens"] = int(n_think)
         out["total_answer_tokens"] = int(n_out - n_think)
 
+    out["outcomes"] = _outcomes(df, tier_slos or {})
+    if "retries" in df:
+        out["retries"] = int(pd.to_numeric(df["retries"], errors="coerce").fillna(0).sum())
     errs = df.loc[~ok, "status"].value_counts()
     out["errors"] = {str(k): int(v) for k, v in errs.items()}
     http = df.loc[df["http_status"].notna() & (df["http_status"] != 200), "http_status"].astype(int)
@@ -163,12 +167,23 @@ def summarize(
     return out
 
 
+def _outcomes(df: pd.DataFrame, tier_slos: Mapping[str, Mapping[str, float]]) -> dict[str, int]:
+    """Every request's class (``results.outcomes``), each judged by its own tier's per-request SLOs."""
+    total = dict.fromkeys(OUTCOMES, 0)
+    for tier, g in df.groupby(df["tier"].fillna("none"), sort=True):
+        for k, v in outcome_counts(_rows(g), per_request_slos(tier_slos.get(str(tier)) or {})).items():
+            total[k] += v
+    return total
+
+
 def _tiers(df: pd.DataFrame, tier_slos: Mapping[str, Mapping[str, float]], percentiles) -> dict[str, Any]:
     res: dict[str, Any] = {}
+    for tier, g in df.groupby(df["tier"].fillna("none"), sort=True):  # cancelled requests too: a class of theirs
+        res[str(tier)] = {"outcomes": outcome_counts(_rows(g), per_request_slos(tier_slos.get(str(tier)) or {}))}
     live = df[df["status"] != "cancelled"]
     for tier, g in live.groupby(live["tier"].fillna("none"), sort=True):
         ok = g["status"] == "ok"
-        entry: dict[str, Any] = {"requests": len(g), "completed": int(ok.sum())}
+        entry: dict[str, Any] = {"requests": len(g), "completed": int(ok.sum()), **res[str(tier)]}
         latency.describe("ttft", g.loc[ok, "ttft_ms"], percentiles, entry)
         latency.describe("ttfot", g.loc[ok, "ttfot_ms"], percentiles, entry)
         slo = tier_slos.get(str(tier))

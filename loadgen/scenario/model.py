@@ -19,12 +19,14 @@ workload:
   # trace: path, format, time_scale, rate, start_offset_s, block_size, skip_failed, output_len
 tiers:                     # weight and SLOs (ms) per service tier
   premium: {weight: 1, slo: {ttft_ms: 300}}   # priority: 0, headers: {x-tenant-class: gold}: sent with its requests
+  # timeout_s: 30 (the client gives up: outcome timeout); slo: {max_shed: 0.01}: refusals within 1 % not judged
   standard: {weight: 3, slo: {ttft_ms: 800, tpot_ms: {threshold: 50, quantile: 0.9}}}  # an SLO's own quantile
   # an SLO on the window's mean instead: tpot_ms: {threshold: 50, statistic: mean} (--slo tpot:50@mean)
 load: {arrival: poisson, rate: 4, requests: 40, duration_s: 30}   # arrival: poisson|gamma|constant|closed
 goodput: {ttft_ms: 800}
 client: {max_connections: 0, read_timeout_s: 300, workers: 1, lateness_bound_ms: 10, send_tier: null,
          send_priority: null,  # each tier's request priority (null: with 2+ tiers, when the target takes it)
+         retries: 0, retry_max_wait_s: 30,  # resend a shed request (429/503/529) after its Retry-After
          endpoint: null,  # endpoint: completions | chat | responses (null: by prompt kind, as the target takes)
          continuous_usage: null}  # false: never ask for usage in every chunk (null: when the target takes it)
 search:                    # for ``slobench capacity`` (see loadgen/capacity/)
@@ -127,6 +129,10 @@ class Scenario:
     send_priority: bool | None = None
     tier_priority: dict[str, int] = field(default_factory=dict)  # tiers.<t>.priority, set explicitly
     tier_headers: dict[str, dict[str, str]] = field(default_factory=dict)  # tiers.<t>.headers
+    tier_timeout_s: dict[str, float] = field(default_factory=dict)  # tiers.<t>.timeout_s: the client's deadline
+    tier_max_shed: dict[str, float] = field(default_factory=dict)  # tiers.<t>.slo.max_shed: the shed budget
+    retries: int = 0  # client.retries: resend a shed request (429 / 503 / 529) up to this many times
+    retry_max_wait_s: float = 30.0  # client.retry_max_wait_s: the longest Retry-After honoured
     endpoint: str | None = None  # client.endpoint: completions | chat | responses; None: by prompt kind
     # client.continuous_usage: False never asks for usage in every chunk (it costs the server a little per
     # chunk; without it tokens per chunk are unknown); None asks when the target accepts it
@@ -143,7 +149,7 @@ class Scenario:
             for key, v in self.tier_slos.get(t, {}).items():
                 k, statistic = split_slo_key(key)
                 out[t].append(SLO(k, float(v), self.slo_quantiles.get(t, {}).get(k, self.tier_quantiles.get(t, q)),
-                                  statistic))
+                                  statistic, self.tier_max_shed.get(t, 0.0)))
         return out
 
     def engine_options(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -162,14 +168,22 @@ class Scenario:
         if self.workload_type == "trace":
             specs, info = self.trace_specs()
             self.apply_cancel(specs, self.seed)
+            self.apply_deadlines(specs)
             sh = self.shaping
             return specs, {"type": "trace", **info.as_dict(), "input_scale": sh.input_scale,
                            "output_scale": sh.output_scale, "max_input_len": sh.max_input_len}
         times = self.arrivals.times(n=self.requests, duration_s=self.duration_s, seed=self.seed)
         specs = self.synthetic.generate(times, seed=self.seed)
         self.apply_cancel(specs, self.seed)
+        self.apply_deadlines(specs)
         return specs, {"type": "synthetic", "requests": len(specs),
                        "duration_s": float(times[-1]) if len(times) else 0.0}
+
+    def apply_deadlines(self, specs: list[RequestSpec]) -> None:
+        """Each spec's client deadline, its tier's ``timeout_s`` (in place)."""
+        if self.tier_timeout_s:
+            for spec in specs:
+                spec.deadline_s = self.tier_timeout_s.get(spec.tier or "")
 
     def apply_cancel(self, specs: list[RequestSpec], seed: int) -> None:
         """The cancellation mix (``workload.cancel``), seeded, on specs in place."""

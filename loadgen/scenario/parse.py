@@ -12,12 +12,12 @@ from typing import Any
 import yaml
 
 from loadgen.results.latency import LATENESS_BOUND_MS
-from loadgen.results.slo import STATISTICS, slo_key
 from loadgen.scenario.engine_options import parse_engine_options
 from loadgen.scenario.flags import ScenarioFlags, apply_override
-from loadgen.scenario.model import ENDPOINTS, SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
+from loadgen.scenario.model import ENDPOINTS, SLO_NAMES, Scenario, ScenarioError
 from loadgen.scenario.options import ARRIVAL_DESIGNS, AXES, SPENDING, WINDOW_COUNTS, SearchConfig, StepOptions
 from loadgen.scenario.schema import MappingNode
+from loadgen.scenario.tiers import parse_tiers
 from loadgen.workload.arrivals import KINDS as ARRIVAL_KINDS
 from loadgen.workload.arrivals import Arrivals
 from loadgen.workload.shaping import TraceShaping
@@ -64,7 +64,7 @@ def parse_scenario(
     _parse_top_level(root, s)
     tiers = root.child("tiers", None)
     if tiers:
-        _parse_tiers(tiers, s)
+        parse_tiers(tiers, s)
     srch = root.child("search", None)
     if srch:
         s.search, s.step = _parse_search(srch)
@@ -107,49 +107,6 @@ def _parse_top_level(root: MappingNode, s: Scenario) -> None:
     s.model = root.get("model", (str, type(None)), None)
     eng = root.child("engine", None)
     s.engine = parse_engine_options(eng) if eng else {}
-
-
-def _parse_tiers(tiers: MappingNode, s: Scenario) -> None:
-    """Each tier's weight, SLO thresholds (ms) and its own SLO quantile, if it has one. An SLO's mapping
-    form takes its own quantile (``{threshold: 50, quantile: 0.9}``) or ``statistic: mean``
-    (``{threshold: 50, statistic: mean}``: the window's mean, kept under the key ``tpot_ms@mean``)."""
-    for name in tiers.data:
-        if name not in TIER_NAMES:
-            raise ScenarioError(f"{tiers.key(str(name))}: unknown service tier (expected one of "
-                                f"{', '.join(TIER_NAMES)})")
-        t = tiers.child(name)
-        s.tiers[name] = t.get("weight", float, 1.0, min_value=0.0)
-        if (priority := t.get("priority", (int, type(None)), None)) is not None:
-            s.tier_priority[name] = priority
-        if (headers := t.child("headers", None)) is not None:
-            s.tier_headers[name] = {str(k): headers.get(k, str) for k in list(headers.data)}
-            headers.check_unknown()
-        slo = t.child("slo", None)
-        if slo:
-            s.tier_slos[name] = {}
-            for k in list(slo.data):
-                if k == "quantile":
-                    s.tier_quantiles[name] = slo.get_quantile(k)
-                    continue
-                if k not in SLO_NAMES:
-                    raise ScenarioError(f"{slo.key(k)}: unknown SLO (expected {', '.join(SLO_NAMES)} "
-                                        "or quantile)")
-                if isinstance(slo.data[k], dict):  # {threshold: MS, quantile: Q}: this SLO's own quantile
-                    own = slo.child(k)  # ... or {threshold: MS, statistic: mean}: an SLO on the mean
-                    threshold = own.get("threshold", float, positive=True)
-                    statistic = own.get("statistic", str, "quantile", choices=STATISTICS)
-                    if statistic == "mean" and "quantile" in own.data:
-                        raise ScenarioError(f"{own.key('quantile')}: an SLO on the mean (statistic: mean) has "
-                                            "no quantile")
-                    if "quantile" in own.data:
-                        s.slo_quantiles.setdefault(name, {})[k] = own.get_quantile("quantile")
-                    own.check_unknown()
-                    s.tier_slos.setdefault(name, {})[slo_key(k, statistic)] = threshold
-                else:
-                    s.tier_slos.setdefault(name, {})[k] = slo.get(k, float, positive=True)
-        t.check_unknown()
-    if s.tiers and sum(s.tiers.values()) <= 0:
-        raise ScenarioError("tiers: the weights sum to 0")
 
 
 def _parse_search(node: MappingNode) -> tuple[SearchConfig, StepOptions]:
@@ -375,6 +332,8 @@ def _parse_client(c: MappingNode, s: Scenario) -> None:
     if s.send_tier:
         s.explicit_fields.add("service_tier")
     s.send_priority = c.get("send_priority", (bool, type(None)), None)
+    s.retries = c.get("retries", int, 0, min_value=0)
+    s.retry_max_wait_s = c.get("retry_max_wait_s", float, 30.0, positive=True)
     if s.send_priority:
         s.explicit_fields.add("priority")
     s.endpoint = c.get("endpoint", (str, type(None)), None, choices=(*ENDPOINTS, None))

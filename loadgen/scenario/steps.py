@@ -76,6 +76,7 @@ def step_specs(scn: Scenario, axis: str, load: float, index: int, start_s: float
                 specs = trace_slice(specs, rows, draw)
             specs = [s for s in specs if s.arrival_s < duration_s]
     scn.apply_cancel(specs, seed)
+    scn.apply_deadlines(specs)
     for s in specs:
         s.id = f"s{index}-{s.id}"
         if s.conversation is not None:

@@ -94,6 +94,9 @@ class RequestSpec:
     # this many seconds after the scheduled time
     cancel_after_tokens: int | None = None
     cancel_after_s: float | None = None
+    # the tier's client deadline (``tiers.<t>.timeout_s``): this many seconds after the scheduled time the
+    # client gives up on the request (its record's status: timeout)
+    deadline_s: float | None = None
 
     @property
     def cancel_reason(self) -> str | None:

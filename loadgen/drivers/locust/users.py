@@ -34,11 +34,12 @@ from locust import FastHttpUser, constant, task
 
 from loadgen.drivers import client_cancel
 from loadgen.drivers.conversations import Conversation, fill_record, renamed, units
-from loadgen.drivers.http_request import ClientConfig, build_body
+from loadgen.drivers.http_request import ClientConfig, build_body, retry_after
 from loadgen.drivers.locust.collect import Tally
 from loadgen.drivers.locust.plan import Plan, Stage, shard
 from loadgen.drivers.stream_recorder import StreamRecorder
 from loadgen.results import latency
+from loadgen.results.outcomes import SHED_HTTP
 from loadgen.results.records import RequestRecord
 from loadgen.target.discovery import error_text
 from loadgen.target.request_shape import RequestShape
@@ -49,6 +50,10 @@ now = time.monotonic
 
 class RequestFailed(Exception):
     """The exception a failed request's ``e2e`` event carries (Locust's failures table shows it)."""
+
+
+class ClientDeadline(Exception):
+    """The tier's deadline (``RequestSpec.deadline_s``) passed: the client gives up on the request."""
 
 
 class ClientCancel(Exception):
@@ -147,6 +152,10 @@ class _StreamingUser(FastHttpUser):
         if spec.cancel_after_s is not None:  # the user closes the tab t s after the scheduled time
             timer = gevent.Timeout(max(0.0, t0 + scheduled_s + spec.cancel_after_s - now()), ClientCancel())
             timer.start()
+        deadline = None
+        if spec.deadline_s is not None:  # the tier's deadline: the client gives up on it
+            deadline = gevent.Timeout(max(0.0, t0 + scheduled_s + spec.deadline_s - now()), ClientDeadline())
+            deadline.start()
         tally.sent += 1
         tally.in_flight += 1
         tally.sent_by_stage[stage] += 1
@@ -163,12 +172,16 @@ class _StreamingUser(FastHttpUser):
             resp = http.request("POST", path, body=body, headers=sent_headers)
             rec.http_status = resp.status_code
             if rec.http_status != 200:
-                rec.status = "rejected" if rec.http_status == 429 else "http_error"
+                rec.status = "rejected" if rec.http_status in SHED_HTTP else "http_error"
                 rec.error = error_text(resp.read(), rec.http_status)
+                rec.retry_after_s = retry_after(resp.get("Retry-After"))
             else:
                 reply = _stream(resp, rec, t0, spec.cancel_after_tokens, keep_text)
         except ClientCancel:
             client_cancel.cancelled_by_client(rec, spec, len(rec.token_s))
+            _drop_connection(resp)
+        except ClientDeadline:
+            rec.status, rec.error = "timeout", f"client deadline: {spec.deadline_s:g} s after the scheduled time"
             _drop_connection(resp)
         except gevent.GreenletExit:
             client_cancel.cancelled_by_run(rec)
@@ -183,8 +196,9 @@ class _StreamingUser(FastHttpUser):
             rec.status = "stream_error" if rec.http_status else "conn_error"
             rec.error = f"{type(e).__name__}: {e}"
         finally:
-            if timer is not None:
-                timer.close()
+            for t in (timer, deadline):
+                if t is not None:
+                    t.close()
             if resp is not None:
                 resp.release()
             rec.done_s = now() - t0

@@ -32,6 +32,9 @@ class MockConfig:
     api_key: str | None = None  # every /v1/ request must carry ``Authorization: Bearer <api_key>`` (vLLM's rule)
     request_log: str | None = None  # append one JSON line per HTTP request received (a test aid)
     fcfs: bool = False  # refuse a non-zero ``priority`` with 400, as vLLM does unless --scheduling-policy priority
+    # (status, every, retry_after_s): every ``every``-th completion request answered ``status`` instead (the first
+    # rule that matches), with that Retry-After; a test aid for shed (429 / 503 / 529) and failed (500) outcomes
+    refuse: tuple[tuple[int, int, float | None], ...] = ()
 
     def served(self) -> tuple[str, ...]:
         """Every model name it serves, ``model`` first."""
@@ -77,6 +80,14 @@ def unknown_model(cfg: MockConfig, req) -> str | None:
     if not cfg.check_model or not isinstance(req, dict) or req.get("model") in (None, *cfg.served()):
         return None
     return str(req["model"])
+
+
+def refusal(cfg: MockConfig, n: int) -> tuple[int, float | None] | None:
+    """(status, Retry-After) for the ``n``-th completion request (from 1) under ``refuse``, else None."""
+    for status, every, retry_after_s in cfg.refuse:
+        if n % every == 0:
+            return status, retry_after_s
+    return None
 
 
 def priority_refusal(cfg: MockConfig, req) -> str | None:

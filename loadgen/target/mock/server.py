@@ -24,7 +24,9 @@ carries the name asked for); ``check_model`` answers a request naming another mo
 ``request_log`` (``--log-requests``), a test aid: one JSON line per HTTP request received, before any check
 (method, path, headers with lower-cased names, the JSON body or null), written and flushed per line.
 ``fcfs`` (``--fcfs``) answers a non-zero ``priority`` 400 in vLLM's words, as vLLM's FCFS scheduler does;
-without it the field is accepted and ignored.
+without it the field is accepted and ignored. ``refuse`` (``--refuse STATUS:EVERY[:RETRY_AFTER]``) answers
+every EVERY-th completion request STATUS instead, with that ``Retry-After``: a server that sheds (429, 503,
+529) or fails (500), for the client's outcome classes and retries.
 
 It is a bare asyncio protocol (HTTP/1.1 keep-alive, chunked SSE responses, each token one
 ``transport.write`` from a timer callback) rather than an aiohttp app: the mock must be several times
@@ -45,6 +47,7 @@ from loadgen.target.mock.config import (
     answer_model,
     authorized,
     priority_refusal,
+    refusal,
     strict_check,
     unknown_model,
 )
@@ -62,6 +65,7 @@ class _Server:
         self.serve_metrics = cfg.metrics if cfg.metrics is not None else not cfg.strict
         self.padding = metrics_padding(cfg.metrics_bytes)  # built once: a scrape costs the write, not the build
         self.slots = SlotQueue(cfg.slots, self.metrics) if cfg.slots > 0 else None  # queueing mode
+        self.completions = 0  # completion requests past the checks, counted for ``refuse``
         # line-buffered: each request's line is one small write, whole on disk when the test reads it
         self.request_log = open(cfg.request_log, "a", buffering=1) if cfg.request_log else None  # noqa: SIM115
 
@@ -181,6 +185,11 @@ class _Conn(asyncio.Protocol):
             return
         if (refused := priority_refusal(cfg, req)) is not None:
             self.tr.write(error(400, refused))
+            return
+        srv.completions += 1
+        if (refused := refusal(cfg, srv.completions)) is not None:
+            status, retry_after_s = refused
+            self.tr.write(error(status, f"refused by --refuse {status}", retry_after_s))
             return
         chat = path.endswith("/chat/completions")
         api = "responses" if path == "/v1/responses" else "chat" if chat else "completions"

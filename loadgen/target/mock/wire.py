@@ -17,18 +17,21 @@ def sse(obj) -> bytes:
     return chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
+            529: "Site is overloaded"}
 
 
-def response(status: int, body: bytes, ctype: str = "application/json") -> bytes:
+def response(status: int, body: bytes, ctype: str = "application/json", extra_headers: str = "") -> bytes:
     reason = _REASONS.get(status, "Error")
     return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            f"Connection: keep-alive\r\n\r\n").encode() + body
+            f"{extra_headers}Connection: keep-alive\r\n\r\n").encode() + body
 
 
-def error(status: int, message: str) -> bytes:
+def error(status: int, message: str, retry_after_s: float | None = None) -> bytes:
     body = {"error": {"message": message, "type": "invalid_request_error", "code": status}}
-    return response(status, json.dumps(body).encode())
+    extra = f"Retry-After: {retry_after_s:g}\r\n" if retry_after_s is not None else ""
+    return response(status, json.dumps(body).encode(), extra_headers=extra)
 
 
 # vLLM's words for its two refusals here, byte for byte in shape, since users point slobench at vLLM.
