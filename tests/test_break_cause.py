@@ -24,7 +24,9 @@ def step(index: int, *, queue=10.0, prefill=20.0, waiting=0.0, kv=0.4, preemptio
     (step(2, queue=400.0, kv=0.99), "ttft_ms", "kv"),
     (step(2, queue=400.0, preemptions=40, late=35.0), "ttft_ms", "client"),
     (step(2, disturbed=True), "ttft_ms", "client"),
-    (step(2, gaps=(12.0, 90.0)), "tpot_ms", "prefill_interference"),
+    (step(2, gaps=(10.0, 45.0)), "tpot_ms", "prefill_interference"),
+    (step(2, gaps=(10.0, 60.0), queue=300.0), "itl_ms", "prefill_interference"),
+    (step(2, gaps=(10.0, 30.0), queue=300.0), "itl_ms", "queue"),
     (step(2, breakdown=False, waiting=9.0), "ttft_ms", "queue"),
 ])
 def test_each_rule_names_its_cause(failing, metric, cause):

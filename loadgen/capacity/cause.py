@@ -11,8 +11,8 @@
   (per-request server timing, else the server's histograms), or, without a breakdown, the server's waiting
   gauge rose.
 - ``prefill_interference``: the time to first token grew in prefill, not in the queue (long prompts' prefills
-  delaying the others), or, for a per-token SLO (TPOT, ITL), the streams' worst gaps grew much more than their
-  typical ones: decodes stalled behind prefills.
+  delaying the others), or, for a per-token SLO (TPOT, ITL), the streams' p99 gap is far above their median
+  (``STALL_RATIO``) or grew much more than it (``STALL_GROWTH``): decodes stalled behind prefills.
 - ``undetermined``: the target exposes none of these figures (no server timing, no metrics page).
 
 The rules run in that order: a late client invalidates the rest, and preemptions explain queueing and slow
@@ -26,7 +26,8 @@ from typing import Any
 
 CAUSES = ("queue", "kv", "prefill_interference", "client", "undetermined")
 KV_FULL = 0.98  # KV use at which the cache counts as exhausted
-STALL_GROWTH = 2.0  # a per-token SLO: worst gap / typical gap growing by this factor means stalls
+STALL_GROWTH = 2.0  # a per-token SLO: worst gap / typical gap growing by this factor means stalls ...
+STALL_RATIO = 5.0  # ... as does a p99 gap this many times the median: a decode waiting out whole prefills
 PER_TOKEN = ("tpot_ms", "itl_ms")
 
 
@@ -82,9 +83,9 @@ def break_cause(rated: dict[str, Any] | None, failing: dict[str, Any] | None, me
     d_prefill = _change(at.get("mean_prefill_ms"), fail["mean_prefill_ms"])
     if metric in PER_TOKEN:
         r0, r1 = at.get("gap_ratio"), fail["gap_ratio"]
-        if r0 and r1 and r1 >= STALL_GROWTH * r0:
-            return verdict("prefill_interference", f"the streams' p99 gap over their median grew from {r0:.1f} "
-                                                   f"to {r1:.1f}: decodes stalled behind prefills")
+        if r1 and (r1 >= STALL_RATIO or (r0 and r1 >= STALL_GROWTH * r0)):
+            return verdict("prefill_interference", f"the streams' p99 gap is {r1:.1f} times their median (rated "
+                                                   f"step: {r0 or 0:.1f}): decodes stalled behind prefills")
     if d_queue is not None and d_prefill is not None:
         if d_queue >= d_prefill:
             return verdict("queue", f"mean time queued grew by {d_queue:.0f} ms, prefill by {d_prefill:.0f} ms")
