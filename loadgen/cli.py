@@ -226,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answer every EVERY-th completion request STATUS instead (e.g. 429:3:2: every third "
                         "refused 429 with Retry-After: 2); repeatable, the first rule that matches wins")
     p.add_argument("--fcfs", action="store_true",
-                   help="refuse a request with a non-zero priority field 400, as vLLM does unless it runs with "
-                        "--scheduling-policy priority (the default accepts and ignores it)")
+                   help="refuse a request with a non-zero priority field 400, as a first-come-first-served server "
+                        "that knows no priorities does (the default accepts and ignores it)")
     p.add_argument("--check-model", action="store_true",
                    help="answer a request naming a model it does not serve 404, in vLLM's words: {\"error\": "
                         "{\"message\": \"The model `x` does not exist.\", \"type\": \"NotFoundError\", \"code\": 404}}")

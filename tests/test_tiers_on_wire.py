@@ -1,6 +1,6 @@
 """Tiers that reach the server: each tier's ``priority`` and headers sent as configured and received (asserted
-from the mock's own request log); a server that refuses ``priority`` (vLLM's FCFS scheduler, the mock's
-``--fcfs``) is probed and the run goes on without it, said once; the default mapping per server flavour."""
+from the mock's own request log); a server that refuses ``priority`` (the mock's ``--fcfs``) is probed and
+the run goes on without it, said once; the default mapping per server flavour."""
 
 from __future__ import annotations
 
@@ -61,7 +61,9 @@ def test_each_tier_carries_its_priority_and_headers(tmp_path, servers):
     assert set(seen) == {("premium", 0, "gold"), ("standard", 7, None), ("basic", 2, None)}
     notes = json.loads((tmp_path / "run" / "summary.json").read_text())["request_fit"]["notes"]
     assert [n for n in notes if "priority" in n] == [
-        "each tier's requests carry a priority (premium 0, standard 7, basic 2; vllm serves the lowest value first)"]
+        "each tier's requests carry a priority (premium 0, standard 7, basic 2; vllm serves the lowest value first "
+        "when it schedules by priority: vLLM with --scheduling-policy priority; under FCFS it accepts the field and "
+        "ignores it)"]
 
 
 def test_a_server_that_refuses_priority_is_probed_and_the_run_goes_on_without_it(tmp_path, servers):

@@ -32,7 +32,7 @@ FIELDS: dict[str, dict[str, Any]] = {
     "include_usage": {"stream_options": {"include_usage": True}},
     "continuous_usage_stats": {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
     "service_tier": {"service_tier": "default"},
-    "priority": {"priority": 1},  # not 0: vLLM's FCFS scheduler takes 0 and refuses any other value
+    "priority": {"priority": 1},  # not 0: a server without priorities may take 0 and refuse any other value
 }
 METRIC_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "tgi_": "tgi", "slobench:": "slobench",
                    "trtllm_": "trtllm"}
@@ -101,8 +101,7 @@ class Capabilities:
                              "content chunk and prompt tokens are the intended ones",
             "service_tier": "tiers are client-side labels only: the server does not see them, so tier SLOs "
                             "measure one shared queue",
-            "priority": "the tiers' priorities are not sent (vLLM refuses them unless it runs with "
-                        "--scheduling-policy priority): every tier waits in one shared queue",
+            "priority": "the tiers' priorities are not sent: every tier waits in the server's one shared queue",
             "token_prompts": "prompts are sent as text of the intended token length",
         }
         for name in dropped:

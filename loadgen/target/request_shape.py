@@ -56,7 +56,8 @@ def tier_priorities(tiers: Iterable[str], server: str, explicit: Mapping[str, in
 def priority_note(priorities: Mapping[str, int], server: str) -> str:
     order = "highest" if server in HIGHER_FIRST else "lowest"
     return ("each tier's requests carry a priority (" + ", ".join(f"{t} {p}" for t, p in priorities.items())
-            + f"; {server if server != 'unknown' else 'the server'} serves the {order} value first)")
+            + f"; {server if server != 'unknown' else 'the server'} serves the {order} value first when it schedules "
+            "by priority: vLLM with --scheduling-policy priority; under FCFS it accepts the field and ignores it)")
 
 
 @dataclass

@@ -31,7 +31,7 @@ class MockConfig:
     check_model: bool = False  # 404 (vLLM's words) for a request naming a model it does not serve
     api_key: str | None = None  # every /v1/ request must carry ``Authorization: Bearer <api_key>`` (vLLM's rule)
     request_log: str | None = None  # append one JSON line per HTTP request received (a test aid)
-    fcfs: bool = False  # refuse a non-zero ``priority`` with 400, as vLLM does unless --scheduling-policy priority
+    fcfs: bool = False  # refuse a non-zero ``priority`` with 400: a first-come-first-served server without priorities
     # (status, every, retry_after_s): every ``every``-th completion request answered ``status`` instead (the first
     # rule that matches), with that Retry-After; a test aid for shed (429 / 503 / 529) and failed (500) outcomes
     refuse: tuple[tuple[int, int, float | None], ...] = ()
@@ -91,7 +91,7 @@ def refusal(cfg: MockConfig, n: int) -> tuple[int, float | None] | None:
 
 
 def priority_refusal(cfg: MockConfig, req) -> str | None:
-    """With ``fcfs``, vLLM's 400 for a request that asks for a priority its FCFS scheduler cannot give."""
+    """With ``fcfs``, a 400 (in vLLM's words) for a request that asks for a priority the scheduler cannot give."""
     if not cfg.fcfs or not isinstance(req, dict) or req.get("priority") in (None, 0):
         return None
     return f"Got priority {req['priority']} but Priority scheduling is not enabled."

@@ -23,8 +23,9 @@ carries the name asked for); ``check_model`` answers a request naming another mo
 (``The model `x` does not exist.``, type ``NotFoundError``); without it any name is served, as before.
 ``request_log`` (``--log-requests``), a test aid: one JSON line per HTTP request received, before any check
 (method, path, headers with lower-cased names, the JSON body or null), written and flushed per line.
-``fcfs`` (``--fcfs``) answers a non-zero ``priority`` 400 in vLLM's words, as vLLM's FCFS scheduler does;
-without it the field is accepted and ignored. ``refuse`` (``--refuse STATUS:EVERY[:RETRY_AFTER]``) answers
+``fcfs`` (``--fcfs``) answers a non-zero ``priority`` 400 in vLLM's words, as a first-come-first-served
+server that knows no priorities does; without it the field is accepted and ignored (as vLLM 0.32 accepts it
+under FCFS too). ``refuse`` (``--refuse STATUS:EVERY[:RETRY_AFTER]``) answers
 every EVERY-th completion request STATUS instead, with that ``Retry-After``: a server that sheds (429, 503,
 529) or fails (500), for the client's outcome classes and retries.
 
