@@ -101,6 +101,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
              ("--modes", "process", "vllm", "--model", "/tmp/tiny-llama"), (), needs=("vllm",)),
         Part("vllm-semantics", "vllm_semantics_bench.py", "vLLM's per-request breakdown vs its histograms; "
              "slobench beside `vllm bench serve`", ("--repeats", "3"), (), needs=("vllm",)),
+        Part("vllm-tiers", "vllm_tiers_bench.py", "two tiers at an overload with priorities sent vs not; a queue "
+             "cap's 503s rated with and without a shed budget", ("--repeats", "2"), (), needs=("vllm",)),
         Part("guidellm", "third_party_bench.py", "slobench beside GuideLLM against `transformers serve`",
              (), (), needs=("guidellm", "transformers-serve", "network")),
     )),
