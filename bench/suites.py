@@ -45,7 +45,7 @@ class Suite:
         raise KeyError(f"suite {self.name} has no part {name!r} (parts: {', '.join(p.name for p in self.parts)})")
 
 
-CAPACITY_QUICK = ("--set", "search.step_duration_s=4", "--set", "search.max_duration_s=30",
+CAPACITY_QUICK = ("--set", "search.step_duration_s=3", "--set", "search.max_duration_s=12",
                   "--set", "search.warmup_s=1")
 
 SUITES: dict[str, Suite] = {s.name: s for s in (
@@ -108,11 +108,12 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     )),
     Suite("plan", "`slobench plan`'s predictions against `slobench capacity`'s measured ratings", (
         Part("plan", "plan_bench.py", "predicted vs measured rated capacity on three scenarios", (),
-             ("--scenarios", f"{SCENARIOS}/chat.yaml", "--capacity-set", "search.step_duration_s=4",
-              "--capacity-set", "search.max_duration_s=30"), out_flag="--out"),
+             ("--scenarios", f"{SCENARIOS}/chat.yaml", "--capacity-set", "search.step_duration_s=3",
+              "--capacity-set", "search.max_duration_s=12"), out_flag="--out"),
     )),
     Suite("experiments", "the engine's serving claims, each judged as stated (`slobench experiments`)", (
-        Part("experiments", "experiments_bench.py", "every experiment in its full form", (), ("--reduced",),
+        Part("experiments", "experiments_bench.py", "every experiment in its full form", (),
+             ("chunked-prefill", "--reduced"),
              out_flag="--out", out_file="experiments.json"),
     )),
     Suite("overload", "the reference engine ten times past its rated load", (
