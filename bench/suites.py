@@ -51,7 +51,7 @@ CAPACITY_QUICK = ("--set", "search.step_duration_s=3", "--set", "search.max_dura
 SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("calibration", "the capacity search against a target of known capacity: accuracy and interval coverage", (
         Part("real-gradual", "calibration_bench.py", "`slobench calibrate` on the Poisson target (gradual knee), "
-             "seeds 0-7: rated vs true, the interval's coverage", ("--seeds", *map(str, range(8)), "--floor-steps"),
+             "seeds 0-5: rated vs true, the interval's coverage", ("--seeds", *map(str, range(6)), "--floor-steps"),
              ("--seeds", "0", "--floor-steps", "--", *CAPACITY_QUICK), out_flag="--out"),
         Part("real-sharp", "calibration_bench.py", "the same on the paced target (sharp knee), seeds 0-7",
              ("--scenario", f"{SCENARIOS}/calibrate-steady.yaml", "--seeds", *map(str, range(8)), "--floor-steps"),
