@@ -61,7 +61,8 @@ def numbers(value) -> list[float]:
 def shown_in(figure: str, values: list[float]) -> bool:
     """Whether a printed figure is one of the values, rounded as printed: as it is, as a percentage of a
     fraction, or as a percentage change of a ratio (1.012 printed +1.2 %)."""
-    x = abs(float(figure.replace(",", "")))
+    figure = figure.lstrip("−+-").replace(",", "")
+    x = float(figure)
     places = len(figure.split(".")[1]) if "." in figure else 0
     for v in values:
         for shown in (v, 100 * v, 100 * (v - 1)):

@@ -50,3 +50,12 @@ def test_nothing_to_read_is_undetermined_and_no_failing_step_is_none():
     bare = step(2, breakdown=False, waiting=None, kv=None, preemptions=None)
     assert break_cause(step(1, breakdown=False, waiting=None), bare, "ttft_ms", 10.0)["cause"] == "undetermined"
     assert break_cause(step(1), None, "ttft_ms", 10.0) is None
+
+
+def test_a_break_made_of_refusals_is_a_full_queue_unless_the_budget_allowed_them():
+    failing = step(2, queue=10.0, prefill=40.0)
+    failing["tiers"] = {"standard": {"outcomes": {"good": 80, "late": 2, "shed": 9}, "shed_unjudged": 0}}
+    got = break_cause(step(1), failing, "ttft_ms", 10.0)
+    assert got["cause"] == "queue" and "refused 9 requests" in got["why"]
+    failing["tiers"]["standard"]["shed_unjudged"] = 9  # all within the budget: the prefill growth is left
+    assert break_cause(step(1), failing, "ttft_ms", 10.0)["cause"] == "prefill_interference"

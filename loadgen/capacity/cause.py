@@ -7,9 +7,10 @@
   lateness is over the bound): the target's figures there say nothing about the target.
 - ``kv``: the KV cache ran out: the server preempted (swapped or recomputed) requests in the failing step and
   more per request than at the rated step, or its KV use reached ``KV_FULL``.
-- ``queue``: requests waited for a batch slot: the mean time queued grew by more than the mean prefill time
-  (per-request server timing, else the server's histograms), or, without a breakdown, the server's waiting
-  gauge rose.
+- ``queue``: requests waited for a batch slot: the server refused more requests than it answered late (its
+  queue was full: vLLM's queue caps, SLO admission), or the mean time queued grew by more than the mean prefill
+  time (per-request server timing, else the server's histograms), or, without a breakdown, the server's
+  waiting gauge rose.
 - ``prefill_interference``: the time to first token grew in prefill, not in the queue (long prompts' prefills
   delaying the others), or, for a per-token SLO (TPOT, ITL), the streams' p99 gap is far above their median
   (``STALL_RATIO``) or grew much more than it (``STALL_GROWTH``): decodes stalled behind prefills.
@@ -49,7 +50,22 @@ def _figures(step: dict[str, Any]) -> dict[str, float | None]:
         "preemptions": pre, "preemptions_per_request": pre / requests if pre is not None and requests else None,
         "client_p99_lateness_ms": _num((summ.get("client_lateness") or {}).get("p99_ms")),
         "gap_ratio": gaps_p99 / gaps_p50 if gaps_p50 and gaps_p99 is not None else None,
+        "shed_judged": _judged_sheds(step), "late": _outcome(step, "late"),
     }
+
+
+def _outcome(step: dict[str, Any], name: str) -> float | None:
+    tiers = [e.get("outcomes") for e in (step.get("tiers") or {}).values() if isinstance(e, dict)]
+    counts = [o.get(name) for o in tiers if isinstance(o, dict) and isinstance(o.get(name), int)]
+    return float(sum(counts)) if counts else None
+
+
+def _judged_sheds(step: dict[str, Any]) -> float | None:
+    """Refusals the step judged: its shed requests beyond each tier's budget."""
+    shed = _outcome(step, "shed")
+    if shed is None:
+        return None
+    return shed - sum(e.get("shed_unjudged") or 0 for e in (step.get("tiers") or {}).values() if isinstance(e, dict))
 
 
 def _change(a: float | None, b: float | None) -> float | None:
@@ -79,6 +95,9 @@ def break_cause(rated: dict[str, Any] | None, failing: dict[str, Any] | None, me
                              f"{at.get('preemptions') or 0:.0f})")
     if (fail["kv_usage_max"] or 0) >= KV_FULL:
         return verdict("kv", f"KV cache use reached {100 * fail['kv_usage_max']:.0f} %")
+    if (fail["shed_judged"] or 0) > (fail["late"] or 0):
+        return verdict("queue", f"the server refused {fail['shed_judged']:.0f} requests (429 / 503 / 529) beyond "
+                                f"the shed budget, against {fail['late'] or 0:.0f} answered late: its queue was full")
     d_queue = _change(at.get("mean_queue_ms"), fail["mean_queue_ms"])
     d_prefill = _change(at.get("mean_prefill_ms"), fail["mean_prefill_ms"])
     if metric in PER_TOKEN:
