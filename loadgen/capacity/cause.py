@@ -6,7 +6,8 @@
 - ``client``: the load generator fell behind in the failing step (its step is ``disturbed``, or its client p99
   lateness is over the bound): the target's figures there say nothing about the target.
 - ``kv``: the KV cache ran out: the server preempted (swapped or recomputed) requests in the failing step and
-  more per request than at the rated step, or its KV use reached ``KV_FULL``.
+  more per request than at the rated step, or its peak KV use reached ``KV_FULL`` (the reference engine stops
+  admitting there, so requests queue behind a full cache rather than being preempted).
 - ``queue``: requests waited for a batch slot: the server refused more requests than it answered late (its
   queue was full: vLLM's queue caps, SLO admission), or the mean time queued grew by more than the mean prefill
   time (per-request server timing, else the server's histograms), or, without a breakdown, the server's
@@ -26,7 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 CAUSES = ("queue", "kv", "prefill_interference", "client", "undetermined")
-KV_FULL = 0.98  # KV use at which the cache counts as exhausted
+# KV use at which the cache counts as exhausted: the reference engine stops admitting at its 0.9 watermark
+# (kv_watermark) and queues instead of preempting, so a full cache shows there first
+KV_FULL = 0.9
 STALL_GROWTH = 2.0  # a per-token SLO: worst gap / typical gap growing by this factor means stalls ...
 STALL_RATIO = 5.0  # ... as does a p99 gap this many times the median: a decode waiting out whole prefills
 PER_TOKEN = ("tpot_ms", "itl_ms")
