@@ -163,7 +163,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_unknown_model_names_presets(tmp_path):
-    with pytest.raises(ModelLoadError, match=r"not a preset \(tiny, small\)"):
+    with pytest.raises(ModelLoadError, match=r"not a preset \(tiny, small"):
         load_model("no-such-model", CPU, torch.float32)
 
 

@@ -79,13 +79,14 @@ def test_strict_mock_run_adapts_and_says_what_was_dropped(strict_mock, tmp_path)
     recs = read_records(tmp_path / "run" / "requests.jsonl")
     assert len(recs) == 30 and all(x["status"] == "ok" for x in recs)
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert set(s["request_fit"]["dropped"]) == {"ignore_eos", "token_prompts"}  # service_tier is OpenAI's own
+    # service_tier is OpenAI's own; priority is not (the scenario's two tiers would send it)
+    assert set(s["request_fit"]["dropped"]) == {"ignore_eos", "priority", "token_prompts"}
     assert s["request_fit"]["shape"]["service_tier"] is True
     # no tokenizer for a mock: lengths are approximate, and the summary says so and by how much
     assert s["request_fit"]["tokenizer"].startswith("none")
     assert any("--tokenizer DIR" in n for n in s["request_fit"]["notes"])
     assert s["prompt_length"]["requests_compared"] == 30
-    assert "not sent: ignore_eos, token_prompts" in r.stdout
+    assert "not sent: ignore_eos, priority, token_prompts" in r.stdout
 
 
 def test_an_explicit_field_the_target_rejects_stops_before_any_load(strict_mock, tmp_path):
