@@ -18,8 +18,8 @@
 - ``undetermined``: the target exposes none of these figures (no server timing, no metrics page).
 
 The rules run in that order: a late client invalidates the rest, and preemptions explain queueing and slow
-prefills that follow from them. The reference engine reports every figure exactly, which is where the
-attribution is checked (``tests/test_break_cause.py``).
+prefills that follow from them. ``tests/test_break_cause.py`` checks each rule on made-up step figures; scenarios
+on the reference engine whose cause is known by construction are still to be made robust enough to gate on.
 """
 
 from __future__ import annotations
