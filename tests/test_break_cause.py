@@ -26,7 +26,7 @@ def step(index: int, *, queue=10.0, prefill=20.0, waiting=0.0, kv=0.4, preemptio
     (step(2, disturbed=True), "ttft_ms", "client"),
     (step(2, gaps=(10.0, 45.0)), "tpot_ms", "prefill_interference"),
     (step(2, gaps=(10.0, 60.0), queue=300.0), "itl_ms", "prefill_interference"),
-    (step(2, gaps=(10.0, 30.0), queue=300.0), "itl_ms", "queue"),
+    (step(2, gaps=(10.0, 20.0), queue=300.0), "itl_ms", "decode"),
     (step(2, breakdown=False, waiting=9.0), "ttft_ms", "queue"),
 ])
 def test_each_rule_names_its_cause(failing, metric, cause):
@@ -41,9 +41,20 @@ def test_the_evidence_gives_both_steps_and_the_change():
     assert got["why"] == "mean time queued grew by 400 ms, prefill by 10 ms"
 
 
-def test_preemptions_already_there_at_the_rated_step_do_not_explain_the_break():
-    rated, failing = step(1, preemptions=40), step(2, queue=300.0, preemptions=40)
+def test_a_few_preemptions_already_there_at_the_rated_step_do_not_explain_the_break():
+    rated, failing = step(1, preemptions=10), step(2, queue=300.0, preemptions=10)  # 1 in 20 requests
     assert break_cause(rated, failing, "ttft_ms", 10.0)["cause"] == "queue"
+
+
+def test_one_preemption_in_ten_requests_is_a_binding_kv_pool_even_when_it_did_not_grow():
+    rated, failing = step(1, preemptions=20), step(2, queue=300.0, preemptions=20)  # 1 in 10 requests
+    got = break_cause(rated, failing, "ttft_ms", 10.0)
+    assert got["cause"] == "kv" and got["why"] == "20 preemptions in the failing step (rated step: 20)"
+
+
+def test_a_per_token_slo_is_never_put_down_to_the_queue():
+    got = break_cause(step(1), step(2, queue=900.0, prefill=20.0, waiting=30.0), "tpot_ms", 10.0)
+    assert got["cause"] == "decode" and "every gap grew" in got["why"]
 
 
 def test_nothing_to_read_is_undetermined_and_no_failing_step_is_none():

@@ -5,9 +5,9 @@
 
 - ``client``: the load generator fell behind in the failing step (its step is ``disturbed``, or its client p99
   lateness is over the bound): the target's figures there say nothing about the target.
-- ``kv``: the KV cache ran out: the server preempted (swapped or recomputed) requests in the failing step and
-  more per request than at the rated step, or its peak KV use reached ``KV_FULL`` (the reference engine stops
-  admitting there, so requests queue behind a full cache rather than being preempted).
+- ``kv``: the KV cache ran out: the server preempted (swapped or recomputed) at least one request in
+  ``1 / KV_PREEMPT_SHARE`` in the failing step, or more per request than at the rated step, or its peak KV use
+  reached ``KV_FULL`` (the reference engine stops admitting there, so requests queue behind a full cache).
 - ``queue``: requests waited for a batch slot: the server refused more requests than it answered late (its
   queue was full: vLLM's queue caps, SLO admission), or the mean time queued grew by more than the mean prefill
   time (per-request server timing, else the server's histograms), or, without a breakdown, the server's
@@ -15,6 +15,8 @@
 - ``prefill_interference``: the time to first token grew in prefill, not in the queue (long prompts' prefills
   delaying the others), or, for a per-token SLO (TPOT, ITL), the streams' p99 gap is far above their median
   (``STALL_RATIO``) or grew much more than it (``STALL_GROWTH``): decodes stalled behind prefills.
+- ``decode``: a per-token SLO broke with no stalls: every gap grew, as decode steps slow with the batch. Time
+  queued never enters a per-token figure, so a per-token SLO is never put down to ``queue``.
 - ``undetermined``: the target exposes none of these figures (no server timing, no metrics page).
 
 The rules run in that order: a late client invalidates the rest, and preemptions explain queueing and slow
@@ -26,12 +28,13 @@ from __future__ import annotations
 
 from typing import Any
 
-CAUSES = ("queue", "kv", "prefill_interference", "client", "undetermined")
+CAUSES = ("queue", "kv", "prefill_interference", "decode", "client", "undetermined")
 # KV use at which the cache counts as exhausted: the reference engine stops admitting at its 0.9 watermark
 # (kv_watermark) and queues instead of preempting, so a full cache shows there first
 KV_FULL = 0.9
+KV_PREEMPT_SHARE = 0.1  # preemptions per request at which the KV pool binds, whether or not they grew
 STALL_GROWTH = 2.0  # a per-token SLO: worst gap / typical gap growing by this factor means stalls ...
-STALL_RATIO = 5.0  # ... as does a p99 gap this many times the median: a decode waiting out whole prefills
+STALL_RATIO = 3.0  # ... as does a p99 gap this many times the median: a decode waiting out whole prefills
 PER_TOKEN = ("tpot_ms", "itl_ms")
 
 
@@ -93,7 +96,7 @@ def break_cause(rated: dict[str, Any] | None, failing: dict[str, Any] | None, me
     if failing.get("disturbed") or (late is not None and late > lateness_bound_ms):
         return verdict("client", f"the load generator fell behind (client p99 lateness {late or 0:.1f} ms)")
     per_req, before = fail["preemptions_per_request"], at.get("preemptions_per_request") or 0.0
-    if (fail["preemptions"] or 0) > 0 and (per_req or 0) > before:
+    if (fail["preemptions"] or 0) > 0 and ((per_req or 0) > before or (per_req or 0) >= KV_PREEMPT_SHARE):
         return verdict("kv", f"{fail['preemptions']:.0f} preemptions in the failing step (rated step: "
                              f"{at.get('preemptions') or 0:.0f})")
     if (fail["kv_usage_max"] or 0) >= KV_FULL:
@@ -108,6 +111,9 @@ def break_cause(rated: dict[str, Any] | None, failing: dict[str, Any] | None, me
         if r1 and (r1 >= STALL_RATIO or (r0 and r1 >= STALL_GROWTH * r0)):
             return verdict("prefill_interference", f"the streams' p99 gap is {r1:.1f} times their median (rated "
                                                    f"step: {r0 or 0:.1f}): decodes stalled behind prefills")
+        if r1:
+            return verdict("decode", f"the streams' p99 gap is {r1:.1f} times their median (rated step: "
+                                     f"{r0 or 0:.1f}): every gap grew, decode steps slowed with the batch")
     if d_queue is not None and d_prefill is not None:
         if d_queue >= d_prefill:
             return verdict("queue", f"mean time queued grew by {d_queue:.0f} ms, prefill by {d_prefill:.0f} ms")
