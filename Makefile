@@ -12,7 +12,7 @@ QUIETLY := scripts/quietly.sh $(LOG)
 
 CLIENT_VENV ?= .venv-client
 
-.PHONY: setup setup-client test lint demo capacity clean
+.PHONY: setup setup-client test test-fast lint demo capacity clean
 
 $(STAMP): pyproject.toml scripts/install-torch.sh scripts/quietly.sh
 	@if [ ! -x $(BIN)/python ]; then echo "setup: creating $(VENV) ($$($(PY) --version))"; $(PY) -m venv $(VENV); fi
@@ -34,9 +34,14 @@ setup-client:
 	@scripts/quietly.sh $(CLIENT_VENV)/setup.log $(CLIENT_VENV)/bin/python -m pip install .
 	@echo "setup: done: $(CLIENT_VENV)/bin/slobench scenarios"
 
+# Everything (what CI runs); test-fast leaves out the `slow` tests (servers, whole searches) for the inner loop.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -71,7 +71,7 @@ def probe() -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-ENGINE_MODULES = ("engine.server", "engine.engine_core")  # the embedded server's two processes (`-m MODULE`)
+ENGINE_MODULES = ("engine.server", "engine.server.engine_core")  # the embedded server's two processes (`-m MODULE`)
 
 
 def pin_engine(parent: subprocess.Popen, cpu: int) -> None:

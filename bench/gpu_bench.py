@@ -23,7 +23,7 @@ roofline (``hardware`` and the fractions are null, ``hardware_source`` says why)
         --context 64 --prefill-tokens 256 --json /tmp/gpu-bench-cpu.json           # the script itself, on a CPU
     TRITON_INTERPRET=1 .venv/bin/python bench/gpu_bench.py --device cpu --shape tiny ...  # parity too, interpreted
 
-On CUDA the engine replays its decode steps from CUDA graphs (``decode_graphs="auto"``, engine/decode_graphs.py),
+On CUDA the engine replays its decode steps from CUDA graphs (``decode_graphs="auto"``, engine/model/decode_graphs.py),
 so the parity check covers the captured path, and the decode steps are timed again with graphs off
 (``decode_without_graphs``) for the graphs' own gain. ``cuda_graphs`` in the result says whether they were
 captured (never on the CPU).
@@ -46,10 +46,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 import torch  # noqa: E402
 
-from engine import loader  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
+from engine.core.engine import Engine  # noqa: E402
+from engine.model import loader  # noqa: E402
+from engine.request.config import EngineConfig  # noqa: E402
+from engine.request.sampling import SamplingParams  # noqa: E402
 from loadgen.planning.hardware import ACCELERATORS, GB, TB, Accelerator, measure_host  # noqa: E402
 from loadgen.planning.model_shape import ModelShape, from_config  # noqa: E402
 from loadgen.results.runmeta import git_commit, machine, now_iso, versions  # noqa: E402

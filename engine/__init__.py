@@ -1,11 +1,12 @@
 """slobench's reference inference engine (the ``engine`` extra: it needs torch).
 
-``Engine`` is imported on first use, so the plain-data modules (``engine.config``, ``engine.model_config``)
-import without torch: ``slobench plan`` reads the presets and ``EngineConfig``'s defaults from them."""
+``Engine`` is imported on first use, so the plain-data modules (``engine.request.config``,
+``engine.model.model_config``) import without torch: ``slobench plan`` reads the presets and ``EngineConfig``'s
+defaults from them."""
 
-from engine.config import EngineConfig
-from engine.outputs import CompletionOutput, EngineStats, RequestOutput, Timing
-from engine.sampling import SamplingParams
+from engine.request.config import EngineConfig
+from engine.request.outputs import CompletionOutput, EngineStats, RequestOutput, Timing
+from engine.request.sampling import SamplingParams
 
 __all__ = [
     "CompletionOutput", "Engine", "EngineConfig", "EngineStats", "RequestOutput", "SamplingParams", "Timing",
@@ -14,7 +15,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "Engine":  # torch: only when asked for
-        from engine.engine import Engine
+        from engine.core.engine import Engine
 
         return Engine
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

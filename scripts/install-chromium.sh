@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install headless Chromium from Debian's packages, for the report tests (tests/test_report_browser.py).
+# Install headless Chromium from Debian's packages, for the report tests (tests/loadgen/report/test_report_browser.py).
 # Idempotent: does nothing when `chromium` is already on PATH. Uses sudo only when not root.
 set -euo pipefail
 

@@ -4,8 +4,8 @@
 returns a cached folder for a variant name, either through indirect parametrization
 (`@pytest.mark.parametrize("hf_checkpoint", ["qwen3"], indirect=True)`) or "llama" by default.
 
-Strict targets (tests/test_strict_targets.py): `transformers_serve`, a real `transformers serve` on a tiny
-Llama (`serve_checkpoint`, see tests/transformers_serve.py), and `strict_mock`, `slobench mock-server --strict`.
+Strict targets (tests/loadgen/target/test_strict_targets.py): `transformers_serve`, a real `transformers serve` on a
+tiny Llama (`serve_checkpoint`, see tests/transformers_serve.py), and `strict_mock`, `slobench mock-server --strict`.
 """
 
 from __future__ import annotations

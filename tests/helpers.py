@@ -20,7 +20,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 def serving_engine(config, engine_core: str = "thread"):
     """What a BackgroundServer serves: the engine in this process (thread) or in a core process of its own."""
     from engine import Engine
-    from engine.core_client import EngineCoreClient
+    from engine.server.core_client import EngineCoreClient
 
     return EngineCoreClient(config) if engine_core == "process" else Engine(config)
 

@@ -173,8 +173,8 @@ def test_the_defaults_scenarios_md_states_are_the_parsers(monkeypatch, tmp_path)
 
 
 def test_the_engine_option_defaults_scenarios_md_states_are_the_engines():
-    from engine.config import EngineConfig
-    from engine.server_args import add_server_arguments
+    from engine.request.config import EngineConfig
+    from engine.server.server_args import add_server_arguments
 
     config = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
               for f in dataclasses.fields(EngineConfig)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from engine.engine import Engine
+from engine.core.engine import Engine
 from engine.experiments.drive import Arrival, config, mean, mixed_workload, poisson_times, quantile, replay, run_batch
 from engine.experiments.result import ExperimentResult, Finding, Plot, pct, times
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from engine.engine import Engine
+from engine.core.engine import Engine
 from engine.experiments.drive import config
 from engine.experiments.result import ExperimentResult, Finding, Plot, pct, times
-from engine.sampling import SamplingParams
+from engine.request.sampling import SamplingParams
 
 # "No decode stall": a decode may wait on the long prompt's chunk at most as long as on its own work, i.e.
 # no gap beyond twice a normal one. A gap of many normal gaps is a stall whether or not the decodes got a

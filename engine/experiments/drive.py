@@ -9,10 +9,10 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from engine.config import TIERS, EngineConfig
-from engine.engine import Engine
-from engine.errors import QueueFullError, SLOUnattainableError
-from engine.sampling import SamplingParams
+from engine.core.engine import Engine
+from engine.request.config import TIERS, EngineConfig
+from engine.request.errors import QueueFullError, SLOUnattainableError
+from engine.request.sampling import SamplingParams
 
 
 def config(**knobs) -> EngineConfig:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from engine.engine import Engine
+from engine.core.engine import Engine
 from engine.experiments.drive import config, mixed_workload, prompt, run_batch
 from engine.experiments.result import ExperimentResult, Finding, Plot, pct, times
 

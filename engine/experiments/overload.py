@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from engine.config import EngineConfig
-from engine.engine import Engine
+from engine.core.engine import Engine
 from engine.experiments.drive import Arrival, config, mixed_workload, poisson_times, prompt, quantile, replay, run_batch
 from engine.experiments.result import ExperimentResult, Finding, Plot, pct
+from engine.request.config import EngineConfig
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from engine.engine import Engine
+from engine.core.engine import Engine
 from engine.experiments.drive import Arrival, Replay, config, mean, poisson_times, prompt, quantile, replay
 from engine.experiments.result import ExperimentResult, Finding, Plot, pct
 

@@ -20,8 +20,9 @@
 - ``undetermined``: the target exposes none of these figures (no server timing, no metrics page).
 
 The rules run in that order: a late client invalidates the rest, and preemptions explain queueing and slow
-prefills that follow from them. ``tests/test_break_cause.py`` checks each rule on made-up step figures; scenarios
-on the reference engine whose cause is known by construction are still to be made robust enough to gate on.
+prefills that follow from them. ``tests/loadgen/capacity/test_break_cause.py`` checks each rule on made-up step
+figures; ``tests/e2e/test_break_cause_engine.py`` rates three scenarios on the reference engine whose cause is known
+by construction (few batch slots, a small KV pool, long prompts without chunked prefill) and checks the cause named.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@
   computes the step's figures.
 - A test hook stalls the load generator on purpose: ``SLOBENCH_INJECT_STALL=INDEX:AT_S:FOR_S`` blocks this
   process's event loop for FOR_S seconds, AT_S seconds into step INDEX (its first measurement only: the
-  re-measure runs undisturbed), as a machine's hiccup would; ``tests/test_calibration.py`` uses it to
+  re-measure runs undisturbed), as a machine's hiccup would; ``tests/loadgen/capacity/test_calibration.py`` uses it to
   check that such a step is measured again instead of deciding the search.
 """
 

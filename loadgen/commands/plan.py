@@ -92,7 +92,7 @@ def register(sub) -> argparse.ArgumentParser:
 
 def resolve_model(spec: str, dtype_bytes: int):
     """A ModelShape from an engine preset, a checkpoint folder's config.json, or explicit sizes."""
-    from engine.model_config import PRESETS, ModelConfig  # plain data: no torch
+    from engine.model.model_config import PRESETS, ModelConfig  # plain data: no torch
     from loadgen.planning.model_shape import from_config, from_sizes
 
     if spec in PRESETS:
@@ -115,7 +115,7 @@ def resolve_model(spec: str, dtype_bytes: int):
 
 def engine_shape(opts: dict[str, Any], kv_tokens: int | None):
     """The scheduler's knobs: the scenario's engine options over ``EngineConfig``'s defaults."""
-    from engine.config import EngineConfig  # plain data: no torch
+    from engine.request.config import EngineConfig  # plain data: no torch
     from loadgen.planning.simulate import EngineShape
 
     names = {f.name for f in dataclasses.fields(EngineConfig)}

@@ -14,7 +14,8 @@ from loadgen.target.embedded import require_engine
 def cmd_serve(argv: list[str], parser_class: type[argparse.ArgumentParser]) -> int:
     """``serve`` takes the engine server's own flags, so it parses its arguments itself."""
     require_engine()
-    from engine.server import add_server_arguments, run_server  # lazy: only `serve` imports torch
+    from engine.server.launch import run_server  # lazy: only `serve` imports torch
+    from engine.server.server_args import add_server_arguments
 
     p = parser_class(prog="slobench serve", description="The reference engine's OpenAI-compatible server.")
     add_server_arguments(p)

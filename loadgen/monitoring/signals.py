@@ -82,7 +82,7 @@ FLAVORS: dict[str, Names] = {
     "sglang": from_server(BY_NAME["sglang"], "sglang:generation_tokens_total"),
     "tgi": from_server(BY_NAME["tgi"], None),
     "trtllm": from_server(BY_NAME["trtllm"], "trtllm_generation_tokens_total"),
-    # the reference engine: its own per-tier signals (engine/metrics.py) beside its vLLM-compatible names
+    # the reference engine: its own per-tier signals (engine/server/metrics.py) beside its vLLM-compatible names
     "slobench": Names("slobench", "slobench:time_to_first_token_seconds", "slobench:generation_tokens_total",
                       ("vllm:kv_cache_usage_perc",), "slobench:batch_fill_ratio", "vllm:num_requests_running", (),
                       "vllm:num_requests_waiting", "slobench:admission_rejections_total"),

@@ -1,6 +1,6 @@
 """A discrete-event simulation of the reference engine's continuous batching, priced by a step-time model.
 
-What it models (``engine/scheduler.py`` is the reference): each step packs a token budget
+What it models (``engine/scheduler/scheduler.py`` is the reference): each step packs a token budget
 (``max_num_batched_tokens``): running requests in rank order (tier, then arrival) take one token each when
 decoding and a chunk (at most ``prefill_chunk_size``) when prefilling; new requests join every
 ``rebatch_interval`` steps, or at once after a finish or when nothing runs, in rank order while batch slots
@@ -12,7 +12,7 @@ as it goes and preempts under pressure: this is the conservative end); a shared 
 blocks are held once while any running request uses them and, with prefix caching, are not prefilled again
 once computed. Admission at arrival: a full tier queue (``max_waiting_per_tier``) or, in ``slo`` mode, an
 estimated TTFT over ``admission_target_frac`` of the tier's promise refuses the request (an infinite
-latency for the SLO rule), with the estimate ``engine/admission.py`` makes from the simulated engine's own
+latency for the SLO rule), with the estimate ``engine/core/admission.py`` makes from the simulated engine's own
 measured turnover, prefill rate and step time, times its tail factor (learned from the simulated requests'
 own TTFTs); a queued request that has not started by its shed deadline (the engine's share of the
 promise less its own steps) is shed, refused too; the tail factor starts over after the engine sat idle.
@@ -20,7 +20,7 @@ promise less its own steps) is shed, refused too; the tail factor starts over af
 Steps are priced by a :class:`~loadgen.planning.step_model.StepModel`; a run of pure decode steps with
 nothing to admit is priced in one vectorised go up to the next finish or arrival, so the simulation is
 exact step by step and still fast. With a constant step time, one-token prompts and ``max_num_seqs = c``
-it is an M/D/c queue (``tests/test_plan_simulate.py``).
+it is an M/D/c queue (``tests/loadgen/planning/test_plan_simulate.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from loadgen.planning.step_model import StepModel
 
 TIER_RANK = {"premium": 0, "standard": 1, "basic": 2}  # anything else (no tier) ranks as standard
 TIERS = ("premium", "standard", "basic")
-# the EWMA weights and window of engine/admission.py, so the simulated admission estimates as the engine does
+# the EWMA weights and window of engine/core/admission.py, so the simulated admission estimates as the engine does
 RESIDENCE_ALPHA, PREFILL_ALPHA, PREFILL_WINDOW_S, STEP_ALPHA, ARRIVAL_ALPHA = 0.05, 0.2, 0.1, 0.1, 0.05
 TAIL_QUANTILE, TAIL_STEP, TAIL_FACTOR_BOUNDS = 0.99, 0.05, (0.5, 20.0)  # its tail factor's, likewise
 IDLE_FORGET_S = 0.1  # and its forgetting: idle this long, the next busy period starts at a tail factor of 1

@@ -9,7 +9,7 @@ from loadgen.scenario.schema import MappingNode, found
 
 # Options for the embedded reference engine: EngineConfig fields and server flags (``python -m
 # engine.server --help``), with their types and choices. loadgen never imports the engine, so this is a
-# table; tests/test_scenario_schema.py checks it against EngineConfig and the server's parser.
+# table; tests/loadgen/scenario/test_scenario_schema.py checks it against EngineConfig and the server's parser.
 _opt = type(None)
 ENGINE_OPTIONS: dict[str, tuple[tuple, tuple | None]] = {
     "model": ((str,), None),
