@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TIERS = ("premium", "standard", "basic")
-# OpenAI's service_tier values map onto ours.
-TIER_ALIASES = {"priority": "premium", "default": "standard", "auto": "standard", "flex": "basic"}
+from engine.request.tiers import TIERS, normalize_tier
+
+__all__ = ["EngineConfig", "TIERS", "normalize_tier"]
 
 
 @dataclass
@@ -95,12 +95,3 @@ class EngineConfig:
         if not 0.0 <= self.premium_reserved_kv_frac < 1.0:
             raise ValueError("premium_reserved_kv_frac must be in [0, 1)")
 
-
-def normalize_tier(tier: str | None) -> str:
-    """Map a request's service_tier (ours or OpenAI's) to one of TIERS; raise ValueError otherwise."""
-    if tier is None:
-        return "standard"
-    tier = TIER_ALIASES.get(tier, tier)
-    if tier not in TIERS:
-        raise ValueError(f"service_tier must be one of {', '.join(TIERS)} (or priority/default/flex)")
-    return tier
