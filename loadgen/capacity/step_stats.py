@@ -239,7 +239,7 @@ def scraped_step_metrics(metrics: list[dict], start: float, w0: float, w1: float
         "breakdown_histograms": {},
     }
     if first is not None and last is not None:
-        for name in PREEMPTIONS:  # vLLM's counter, and the reference engine's under the same name
+        for name in srv.preemptions:  # the reference engine's is vLLM's, under the same name
             if family(last, name):
                 out["preemptions"] = int(round(sum(family(last, name)) - sum(family(first, name))))
                 break
@@ -250,8 +250,6 @@ def scraped_step_metrics(metrics: list[dict], start: float, w0: float, w1: float
         out["breakdown_histograms"] = breakdown_histogram_means(first, last, srv)
     return out
 
-
-PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 
 
 def batch_fill(win: list[dict], srv: ServerMetrics, max_num_seqs: int | None) -> tuple[float | None, str | None]:

@@ -5,17 +5,19 @@ prefix (``vllm:``, ``sglang:``, ``tgi_``, ``trtllm_``), so no probe is needed.
 The names, as each server's source defines them:
 
 - vLLM (``vllm/v1/metrics/loggers.py``): ``vllm:request_{queue,prefill,decode}_time_seconds`` per
-  request (queue: queued → first scheduled; prefill: scheduled → first token; decode: first → last token).
-  It exposes no ``max_num_seqs`` (``vllm:cache_config_info`` carries only the cache config).
+  request (queue: queued → first scheduled; prefill: scheduled → first token; decode: first → last token),
+  the counter ``vllm:num_preemptions_total``. It exposes no ``max_num_seqs`` (``vllm:cache_config_info`` carries
+  only the cache config).
 - SGLang with ``--enable-metrics`` (``sglang/srt/metrics/collector.py``): ``sglang:queue_time_seconds``
   (scheduler queue), ``sglang:time_to_first_token_seconds`` and ``sglang:e2e_request_latency_seconds``
   (both from the request's arrival at the tokenizer manager), ``sglang:inter_token_latency_seconds``; no
   prefill or decode histogram. Gauges ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
-  ``sglang:token_usage`` (older versions also ``sglang:max_running_requests``).
+  ``sglang:token_usage`` (older versions also ``sglang:max_running_requests``); its preemptions are retractions,
+  the counter ``sglang:num_retracted_requests_total`` (``sglang:num_retracted_reqs`` is the last batch's gauge).
 - TGI (``router``, metrics-rs): ``tgi_request_{validation,queue,inference}_duration`` per request
   (inference: first scheduled → last token), ``tgi_request_mean_time_per_token_duration`` (inference /
   generated tokens), ``tgi_batch_inference_duration{method="prefill"|"decode"}`` per batch; gauges
-  ``tgi_batch_current_size``, ``tgi_queue_size``. Its max batch size is not exposed.
+  ``tgi_batch_current_size``, ``tgi_queue_size``. Its max batch size is not exposed, nor is any preemption.
 - TensorRT-LLM's ``trtllm-serve`` (``tensorrt_llm/metrics/collector.py``), at ``/prometheus/metrics``
   (its ``/metrics`` is JSON iteration stats): ``trtllm_request_queue_time_seconds``,
   ``trtllm_time_to_first_token_seconds``, ``trtllm_e2e_request_latency_seconds``,
@@ -48,6 +50,7 @@ class ServerMetrics:
     waiting: str | None = None  # gauge: requests queued
     kv_usage: tuple[str, ...] = ()  # gauges of KV cache use, 0..1
     max_running: tuple[str, ...] = ()  # gauges of the running batch's capacity (sequences), first found wins
+    preemptions: tuple[str, ...] = ()  # counters of requests preempted for KV (swapped, recomputed, retracted)
 
     @property
     def source(self) -> str:
@@ -59,11 +62,13 @@ VLLM = ServerMetrics(
     decode="vllm:request_decode_time_seconds", ttft="vllm:time_to_first_token_seconds",
     e2e="vllm:e2e_request_latency_seconds", inference="vllm:request_inference_time_seconds",
     running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
-    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"))
+    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    preemptions=("vllm:num_preemptions_total", "vllm:num_preemptions"))
 SGLANG = ServerMetrics(
     "sglang", "sglang:", queue="sglang:queue_time_seconds", ttft="sglang:time_to_first_token_seconds",
     e2e="sglang:e2e_request_latency_seconds", running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
-    kv_usage=("sglang:token_usage",), max_running=("sglang:max_running_requests",))
+    kv_usage=("sglang:token_usage",), max_running=("sglang:max_running_requests",),
+    preemptions=("sglang:num_retracted_requests_total",))  # not num_retracted_reqs: the last batch's gauge
 TGI = ServerMetrics(
     "tgi", "tgi_", queue="tgi_request_queue_duration", inference="tgi_request_inference_duration",
     e2e="tgi_request_duration", prefill_batch=("tgi_batch_inference_duration", 'method="prefill"'),

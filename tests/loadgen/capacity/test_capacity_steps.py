@@ -83,3 +83,17 @@ def test_validity_rests_on_thedeciding_steps():
     # each end and its confirmation on a fresh arrival draw
     assert sorted(loads) == [out.rated_load] * 2 + [out.first_fail_load] * 2
     assert [out.steps[i].phase for i in deciding] == ["bisect", "bisect", "confirm", "confirm"]
+
+
+@pytest.mark.parametrize(("page", "expected"), [
+    ({"vllm:num_preemptions_total": (3, 10), "vllm:num_requests_waiting": (0, 0)}, 7),
+    # SGLang's retractions: the counter, not the last batch's gauge beside it
+    ({"sglang:num_retracted_requests_total": (2, 6), "sglang:num_retracted_reqs": (9, 1),
+      "sglang:num_queue_reqs": (0, 0)}, 4),
+    ({"tgi_queue_size": (0, 3)}, None),  # TGI does not preempt: nothing to read
+])
+def test_preemptions_in_a_step_from_each_servers_counter(page, expected):
+    lab = '{model_name="m"}'
+    metrics = [{"t": t, "metrics": {f"{name}{lab}": vals[i] for name, vals in page.items()}}
+               for i, t in enumerate((0.5, 9.0))]
+    assert scraped_step_metrics(metrics, start=1.0, w0=2.0, w1=6.0, end=10.0)["preemptions"] == expected
