@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engine.request.tiers import TIER_NAMES
 from loadgen.cli import build_parser
 from loadgen.scenario import parse as parse_module
 from loadgen.scenario.engine_options import ENGINE_OPTIONS
-from loadgen.scenario.model import SLO_NAMES, TIER_NAMES
+from loadgen.scenario.model import SLO_NAMES
 from loadgen.scenario.parse import parse_scenario
 from loadgen.scenario.schema import MISSING, MappingNode
 

@@ -106,7 +106,7 @@ def rebatch_interval(p: RebatchParams) -> ExperimentResult:
     ttft_note = ""
     if cost > 0.10:
         ttft_note = (f"mean TTFT {by[hi]['mean_ttft_ms']:.1f} ms at {hi} vs {by[lo]['mean_ttft_ms']:.1f} ms at {lo} "
-                     f"(+{pct(cost)}): a new request waits up to {hi} steps for an admission (mean "
+                     f"(+{pct(cost)}): a new request waits up to {hi} steps to join the batch (mean "
                      f"{by[hi]['mean_queue_steps']:.1f} steps vs {by[lo]['mean_queue_steps']:.1f}) and a step here "
                      "is long next to the TTFT.")
     findings = [

@@ -10,9 +10,10 @@ import time
 from dataclasses import dataclass, field
 
 from engine.core.engine import Engine
-from engine.request.config import TIERS, EngineConfig
+from engine.request.config import EngineConfig
 from engine.request.errors import QueueFullError, SLOUnattainableError
 from engine.request.sampling import SamplingParams
+from engine.request.tiers import TIERS
 
 
 def config(**knobs) -> EngineConfig:

@@ -80,9 +80,9 @@ def priority_tiers(p: TierParams) -> ExperimentResult:
                 measured=f"p99 queue {q99:.0f} ms with tiers vs {flat['interactive_p99_queue_ms']:.0f} ms without",
                 value=q99, holds=q99 < 100, rule="interactive p99 queue time < 100 ms with tiers",
                 note="" if q99 < 100 else
-                f"{q99:.0f} ms is {q99 / 100:.1f}x the bound: an interactive request waits for an admission step "
-                f"(mean {tiered['interactive_mean_queue_steps']:.1f} steps) and steps here run long next to the "
-                f"TTFT (about {mean_step * 1e3:.0f} ms of run per interactive arrival)."),
+                f"{q99:.0f} ms is {q99 / 100:.1f}x the bound: an interactive request waits for a step where it may "
+                f"join the batch (mean {tiered['interactive_mean_queue_steps']:.1f} steps) and steps here run long "
+                f"next to the TTFT (about {mean_step * 1e3:.0f} ms of run per interactive arrival)."),
         Finding(claim="batch completion is only slightly later with tiers", seed_figure="slightly later",
                 setting="the last batch request's finish, with vs without tiers",
                 measured=f"{tiered['batch_completion_s']:.1f} vs {flat['batch_completion_s']:.1f} s: "

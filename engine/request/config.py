@@ -34,9 +34,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # per-step token budget
     enable_chunked_prefill: bool = True
     prefill_chunk_size: int = 256  # largest prefill chunk one request gets in a step
-    # Steps between admissions (also on every finish). Every step, as vLLM does: at 4 (the seed's "every 4-8
-    # steps") a request waited up to 4 steps for its admission (mean TTFT 17.8 ms at 4 vs 12.0 ms at 1 in the
-    # rebatch-interval experiment), while scheduling costs ~1.3% of a step at any interval.
+    # Queued requests join the batch every this many steps (and on every finish). Every step, as vLLM does: at 4
+    # (the seed's "every 4-8 steps") a request waited up to 4 steps to join (mean TTFT 17.8 ms at 4 vs 12.0 ms at 1
+    # in the rebatch-interval experiment), while scheduling costs ~1.3% of a step at any interval.
     rebatch_interval: int = 1
     # While a request's first token is out but its text is held back, the prefill chunks of requests ranked below
     # it wait (decodes go on): its remaining steps run short (engine/scheduler/scheduler.py)
@@ -46,7 +46,7 @@ class EngineConfig:
     max_waiting_per_tier: dict[str, int] = field(
         default_factory=lambda: {"premium": 256, "standard": 512, "basic": 1024}
     )
-    kv_watermark: float = 0.9  # KV usage at which admissions stop and swapping starts
+    kv_watermark: float = 0.9  # KV usage at which queued requests stop joining the batch and swapping starts
     # Admission (engine/core/admission.py): "slo" refuses (429) a request whose estimated queue wait would break
     # its tier's TTFT promise; "queue-length" only bounds each tier's queue (max_waiting_per_tier).
     admission: str = "slo"
@@ -55,9 +55,7 @@ class EngineConfig:
     # The longest a request of each tier waits unstarted (seconds; None: unbounded), in either admission mode: past
     # it, one that has shown its client nothing is shed (429 with Retry-After) rather than outwait the client. 60 s
     # is the timeout most clients and gateways run with; the TTFT promises bound premium and standard sooner.
-    tier_max_queue_s: dict[str, float | None] = field(
-        default_factory=lambda: {"premium": 60.0, "standard": 60.0, "basic": 60.0}
-    )
+    tier_max_queue_s: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(TIERS, 60.0))
 
     # Kernels
     # On the CPU, linear layers on weights oneDNN reordered once at load (engine/model/cpu_linear.py), not torch's

@@ -1,10 +1,10 @@
 """The scheduler's queues: per tier, the waiting requests and the swapped ones, each kept in rank order.
 
-A request's rank is (tier, arrival, arrival order): premium before standard before basic, older before
-younger. The scheduler admits in rank order and preempts only downwards (see engine/scheduler/scheduler.py), so the
-queues stay sorted by it wherever a preempted request comes back. They also keep, per tier, how many batch
-slots and prefill tokens are queued: what the admission estimate reads (engine/core/admission.py), from another
-thread, without walking the queues.
+A request's rank is (tier, arrival, arrival order): premium before standard before basic, older before younger.
+Queued requests join the batch in rank order and the scheduler preempts only downwards (see
+engine/scheduler/scheduler.py), so the queues stay sorted by it wherever a preempted request comes back. They also
+keep, per tier, how many batch slots and prefill tokens are queued: what the admission estimate reads
+(engine/core/admission.py), from another thread, without walking the queues.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from __future__ import annotations
 import bisect
 import itertools
 
-from engine.request.config import TIERS
 from engine.request.sequence import Request
-
-TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}  # lower rank = higher priority
+from engine.request.tiers import TIER_RANK, TIERS
 
 
 def rank(request: Request) -> tuple[int, float, int]:

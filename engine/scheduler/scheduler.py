@@ -1,36 +1,36 @@
-"""Continuous-batching scheduler with chunked prefill, priority tiers, admission control and swapping.
+"""Continuous-batching scheduler: which queued requests join the batch and when, with chunked prefill, priority
+tiers, preemption and swapping.
 
 Each step packs a token budget in rank order: running requests get one token per decode and a chunk per prefill, and
-on an admission step those ranked below the best queued request come after admission. New work joins only every
-`rebatch_interval` steps, or at once when a request has finished (its slot and KV are free). While a running
-request's first token is out but its first text is not (a character held back over byte tokens), the prefill chunks
-of requests ranked below it wait and their decodes go on (`first_text_priority`): a step's time is mostly its
-prefill tokens, so the steps it still needs run short. Tiers are strict: premium before standard before basic; a
-waiting request may preempt running requests ranked below it for batch slots and KV, and premium may hold back a
-share of the KV blocks (`premium_reserved_kv_frac`: the other tiers together never hold more than the rest, at
-admission, in later prefill chunks, in decode growth and at swap-in) and of the batch slots. At the KV usage
-watermark admissions stop and the lowest-ranked running requests move to host memory (or, when the host pool is
-full, drop their KV to be recomputed later).
+on a step where queued requests join, those ranked below the best queued request come after the joining ones. New
+work joins only every `rebatch_interval` steps, or at once when a request has finished (its slot and KV are free).
+While a running request's first token is out but its first text is not (a character held back over byte tokens),
+the prefill chunks of requests ranked below it wait and their decodes go on (`first_text_priority`): a step's time is
+mostly its prefill tokens, so the steps it still needs run short. Tiers are strict: premium before standard before
+basic; a waiting request may preempt running requests ranked below it for batch slots and KV, and premium may hold
+back a share of the KV blocks (`premium_reserved_kv_frac`: the other tiers together never hold more than the rest,
+on joining, in later prefill chunks, in decode growth and at swap-in) and of the batch slots
+(engine/scheduler/reservation.py). At the KV usage watermark no request joins and the lowest-ranked running requests
+move to host memory (or, when the host pool is full, drop their KV to be recomputed later).
 
-Progress guarantee. Requests are ranked by (tier, arrival): premium before standard before basic, older before
-younger (engine/scheduler/queues.py). A request is preempted only in favour of one ranked above it: a victim is
-always the lowest-ranked running request below the one that needs room, a request steps aside itself only when every
-other running request ranks above it, and the watermark never pushes out the best-ranked running request. So the
-best-ranked unfinished request is never preempted. Running, it is scheduled first with the whole token budget and
-takes KV and slots from the others; queued, it is the first candidate of every admission (due within
-`rebatch_interval` steps), gets the step's token budget before every running request ranked below it, may preempt
-every other running request, and nothing ranked below it is admitted before it; and every request
-`Engine.add_request` accepts fits the pool alone (its tier's share of KV blocks and batch slots, each of its n
-sequences counted in full beyond the shared prompt blocks: `kv_blocks_alone`), a request that could never fit being
-rejected up front. So it finishes, then the next best-ranked one, and so on: every request finishes (requests of a
-higher tier that keep arriving do overtake; tiers are strict; a static batch drains before the next starts). A
-request that restarts after losing its KV re-prefills one sequence's prompt and its other sequences share those
-blocks again, so its KV stays within the same bound.
+Progress guarantee. Requests are ranked by (tier, arrival): premium before standard before basic, older before younger
+(engine/scheduler/queues.py). A request is preempted only in favour of one ranked above it: a victim is always the
+lowest-ranked running request below the one that needs room, a request steps aside itself only when every other running
+request ranks above it, and the watermark never pushes out the best-ranked running request. So the best-ranked
+unfinished request is never preempted. Running, it is scheduled first with the whole token budget and takes KV and slots
+from the others; queued, it is the first candidate to join at every join step (due within `rebatch_interval` steps),
+gets the step's token budget before every running request ranked below it, may preempt every other running request, and
+nothing ranked below it joins before it; and every request `Engine.add_request` accepts fits the pool alone (its tier's
+share of KV blocks and batch slots, each of its n sequences counted in full beyond the shared prompt blocks:
+`kv_blocks_alone`), a request that could never fit being rejected up front. So it finishes, then the next best-ranked
+one, and so on: every request finishes (requests of a higher tier that keep arriving do overtake; tiers are strict; a
+static batch drains before the next starts). A request that restarts after losing its KV re-prefills one sequence's
+prompt and its other sequences share those blocks again, so its KV stays within the same bound.
 
-Two baselines are switches. Static batching: a batch fills every slot it can (up to max_num_seqs, or until the queue
-is empty), prefills under the token budget over as many steps as that takes, takes no new member once a member has
-started decoding, and refills only when every member has finished. Contiguous allocation: each request reserves KV
-for prompt + max_tokens up front, as pre-paged engines did.
+Two baselines are switches. Static batching: a batch fills every slot it can (up to max_num_seqs, or until the queue is
+empty), prefills under the token budget over as many steps as that takes, takes no new member once a member has started
+decoding, and refills only when every member has finished (engine/scheduler/static_batch.py). Contiguous allocation:
+each request reserves KV for prompt + max_tokens up front, as pre-paged engines did.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from engine.request.sequence import Request, SeqStatus, Sequence
 from engine.scheduler.block_manager import BlockManager, kv_slots
 from engine.scheduler.block_ops import BlockOps
 from engine.scheduler.queues import RequestQueues, rank
+from engine.scheduler.reservation import PremiumReservation
+from engine.scheduler.static_batch import StaticBatch
 
 # Swapped requests come back only when usage stays this far below the watermark (avoids ping-pong).
 SWAP_IN_HYSTERESIS = 0.05
@@ -70,14 +72,12 @@ class Scheduler:
         self.swapped = self.queues.swapped
         self.running: list[Request] = []
         self.step_count = 0
-        self.rebatch_due = True  # a request finished: admit at the next step, whatever the interval
+        self.rebatch_due = True  # a request finished: queued requests join at the next step, whatever the interval
         self.num_preemptions = 0
         self.num_swap_outs = 0  # of those, moved to host memory (the rest drop their KV and recompute)
-        self.reserved_blocks = int(config.premium_reserved_kv_frac * block_manager.num_blocks)
-        self.limited_blocks: set[int] = set()  # blocks the non-premium running requests reference
-        self.batch: set[str] = set()  # static batching: the current batch's unfinished members
-        self.batch_open = True  # static batching: members may still join
-        self.kv_blocked_tier: str | None = None  # the last admission stopped at a request of it for lack of KV
+        self.reservation = PremiumReservation(config, block_manager)
+        self.static_batch = StaticBatch()  # batching: static only
+        self.kv_blocked_tier: str | None = None  # the last join step stopped at a request of it for lack of KV
         self._first_text_rank: tuple | None = None  # this step: the best-ranked request whose first text is held
 
     # ---- queues ---------------------------------------------------------------------------------
@@ -91,16 +91,14 @@ class Scheduler:
         return self.queues.num_swapped()
 
     def running_slots(self) -> int:
-        # A request holds n slots from admission on: its n sequences fork after the prefill.
+        # A request holds n slots from joining the batch on: its n sequences fork after the prefill.
         return sum(r.params.n for r in self.running)
 
     def slot_limit(self, tier: str) -> int:
-        reserved = 0 if tier == "premium" else self.config.premium_reserved_slots
-        return self.config.max_num_seqs - reserved
+        return self.reservation.slot_limit(tier)
 
     def kv_limit(self, tier: str) -> int:
-        """KV blocks the tier may hold (with the other non-premium tiers)."""
-        return self.bm.num_blocks - (0 if tier == "premium" else self.reserved_blocks)
+        return self.reservation.kv_limit(tier)
 
     def remove(self, request: Request) -> None:
         """Take a request out of whichever queue holds it and free its KV (finish or abort)."""
@@ -108,7 +106,7 @@ class Scheduler:
             self.running.remove(request)
             self.rebatch_due = True
         self.queues.take(request)
-        self.batch.discard(request.request_id)
+        self.static_batch.discard(request)
         for seq in request.seqs:
             self.bm.free(seq.seq_id)
 
@@ -116,21 +114,21 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self.step_count += 1
         out = SchedulerOutput()
-        self._refresh_limited()
-        admit = self._admission_due()
+        self.reservation.recount(self.running)
+        join = self._join_due()
         self._relieve_watermark(out)
         budget = self.config.max_num_batched_tokens
-        # The token budget goes in rank order across running and queued requests: admission serves the
+        # The token budget goes in rank order across running and queued requests: joining serves the
         # running requests ranked above each candidate before it, the rest come after. Scheduling every
         # running request first would let lower tiers' prefill chunks spend a step's budget before a
         # premium request arriving under overload could start. (Static batching keeps its own order.)
         running = sorted(self.running, key=rank)
         self._first_text_rank = self._pending_first_text(running)
-        if admit and self.config.batching == "continuous":
-            budget = self._admit(budget, out, running)
+        if join and self.config.batching == "continuous":
+            budget = self._join_queued(budget, out, running)
         budget = self._serve_running(running, None, budget, out)
-        if admit and self.config.batching == "static":
-            self._admit(budget, out)
+        if join and self.config.batching == "static":
+            self._join_queued(budget, out)
         return out
 
     def _pending_first_text(self, running: list[Request]) -> tuple | None:
@@ -150,16 +148,13 @@ class Scheduler:
         them off the list."""
         while behind and (above is None or rank(behind[0]) < rank(above)):
             request = behind.pop(0)
-            if request.request_id not in out.preempted:  # admission may have pushed it out for room
+            if request.request_id not in out.preempted:  # a joining request may have pushed it out for room
                 budget = self._schedule_request(request, budget, out)
         return budget
 
-    def _admission_due(self) -> bool:
+    def _join_due(self) -> bool:
         if self.config.batching == "static":
-            if not self.batch:
-                self.batch_open = True  # the last batch has finished: a new one forms
-            elif self.batch_open and any(r.seqs[0].num_output_tokens for r in self.running):
-                self.batch_open = False  # decoding has started: the batch is closed until it drains
+            self.static_batch.update(self.running)
             return True  # closed, only the batch's own preempted members come back
         due = self.rebatch_due or not self.running or self.step_count % self.config.rebatch_interval == 0
         if due:
@@ -188,30 +183,13 @@ class Scheduler:
             return n
         return 0
 
-    # ---- KV accounting --------------------------------------------------------------------------
-    def _limited(self, request: Request) -> bool:
-        return self.reserved_blocks > 0 and request.tier != "premium"
-
-    def _refresh_limited(self) -> None:
-        if self.reserved_blocks:
-            tables = self.bm.tables
-            self.limited_blocks = {b for r in self.running if r.tier != "premium"
-                                   for s in r.seqs for b in tables.get(s.seq_id, ())}
-
-    def _fits(self, request: Request, blocks: int, extra_limited: int = 0) -> bool:
-        """`blocks` fresh blocks are free, and the request's tier stays within its share."""
-        if blocks > self.bm.num_free_blocks:
-            return False
-        if self._limited(request):
-            return len(self.limited_blocks) + extra_limited + blocks <= self.kv_limit(request.tier)
-        return True
-
-    def _note_blocks(self, request: Request, seq: Sequence) -> None:
-        if self._limited(request):
-            self.limited_blocks.update(self.bm.tables.get(seq.seq_id, ()))
+    def _fits(self, request: Request, blocks: int, uncounted: int = 0) -> bool:
+        """`blocks` fresh blocks are free, and they (with `uncounted` blocks the request holds already) keep its tier
+        within its share."""
+        return blocks <= self.bm.num_free_blocks and self.reservation.within_share(request, blocks + uncounted)
 
     # ---- running requests -----------------------------------------------------------------------
-    def _join(self, request: Request, seq: Sequence) -> bool:
+    def _share_prompt_blocks(self, request: Request, seq: Sequence) -> bool:
         """A sequence restarting without KV shares its prompt's full blocks with the request's leader (the
         sequence re-prefilling them) once they are written, or leads itself when no live sequence holds KV
         (the leader finished); whether it has a table now."""
@@ -223,12 +201,12 @@ class Scheduler:
             shared = 0
         seq.num_computed = self.bm.allocate_prefix(seq.seq_id, seq.token_ids, leader and leader.seq_id, shared)
         seq.num_cached_prefix = seq.num_computed
-        self._note_blocks(request, seq)
+        self.reservation.note_blocks(request, seq)
         return True
 
     def _schedule_request(self, request: Request, budget: int, out: SchedulerOutput) -> int:
         for seq in self._live_seqs(request):
-            if seq.seq_id not in self.bm.tables and not self._join(request, seq):
+            if seq.seq_id not in self.bm.tables and not self._share_prompt_blocks(request, seq):
                 continue
             n = self._tokens_for(seq, budget)
             if n == 0 or (n > 1 and self._prefill_held(request)):
@@ -239,14 +217,14 @@ class Scheduler:
                 if victim is not None:
                     budget += self._preempt(victim, out)
                     continue
-                self._refresh_limited()  # a copy-on-write may have left a block counted that no longer is
+                self.reservation.recount(self.running)  # a copy-on-write may have left a block counted
                 if self._fits(request, self.bm.blocks_needed(seq.seq_id, slots)):
                     break
                 # Everyone else running ranks above: the request itself steps aside, with any of its
                 # sequences already placed in this step's batch.
                 return budget + self._preempt(request, out)
             out.ops.extend(self.bm.ensure_slots(seq.seq_id, slots))
-            self._note_blocks(request, seq)
+            self.reservation.note_blocks(request, seq)
             out.scheduled.append(ScheduledSeq(seq, n))
             seq.last_scheduled_step = self.step_count
             budget -= n
@@ -275,7 +253,7 @@ class Scheduler:
             for seq in live:
                 self._drop_kv(seq)
             self.queues.put_waiting(request)
-        self._refresh_limited()
+        self.reservation.recount(self.running)
         return refund
 
     def _drop_kv(self, seq: Sequence) -> None:
@@ -289,36 +267,36 @@ class Scheduler:
         while self.bm.usage >= self.config.kv_watermark and len(self.running) > 1:
             self._preempt(max(self.running, key=rank), out)
 
-    # ---- admission ------------------------------------------------------------------------------
-    def _admit(self, budget: int, out: SchedulerOutput, behind: list[Request] | None = None) -> int:
-        """Queued requests in rank order, swapped and waiting alike (they were admitted once already).
+    # ---- joining the batch ----------------------------------------------------------------------
+    def _join_queued(self, budget: int, out: SchedulerOutput, behind: list[Request] | None = None) -> int:
+        """Queued requests join the batch in rank order, swapped and waiting alike (the swapped ones ran before).
 
-        Strict priority: a request that cannot get in stops admission for every request ranked below it.
-        Static batching admits regardless of the token budget (the batch's prefill spreads over steps),
-        and once its batch is closed only the batch's own members.
+        Strict priority: a request that cannot join stops the joining for every request ranked below it.
+        Under static batching requests join regardless of the token budget (the batch's prefill spreads over
+        steps), and once its batch is closed only the batch's own members.
         """
         static = self.config.batching == "static"
-        members = None if not static or self.batch_open else self.batch
+        members = self.static_batch.joinable() if static else None
         self.kv_blocked_tier = None
         if members is not None and members <= {r.request_id for r in self.running}:
-            return budget  # a closed batch with every member running: nobody to admit
+            return budget  # a closed batch with every member running: nobody to join
         for tier in self.waiting:
             while (request := self.queues.first(tier, members)) is not None:
                 if behind:  # running requests ranked above this one take their share of the budget first
                     budget = self._serve_running(behind, request, budget, out)
                 if request.request_id in out.preempted or (budget <= 0 and not static):
                     return budget  # pushed out in this step: its turn is over until the next
-                blocked, budget = self._try_admit(request, budget, out, static)
+                blocked, budget = self._try_join(request, budget, out, static)
                 if blocked:
                     self.kv_blocked_tier = request.tier if blocked == "kv" else None
                     return budget
                 if static:
-                    self.batch.add(request.request_id)
+                    self.static_batch.add(request)
         return budget
 
-    def _try_admit(self, request: Request, budget: int, out: SchedulerOutput, static: bool) -> tuple[str, int]:
-        """Admit and schedule the request, pushing out lower-ranked ones as needed; ('' or what it lacks:
-        'slots', 'budget' or 'kv', the budget left)."""
+    def _try_join(self, request: Request, budget: int, out: SchedulerOutput, static: bool) -> tuple[str, int]:
+        """Join the request to the batch and schedule it, pushing out lower-ranked ones as needed; ('' or what it
+        lacks: 'slots', 'budget' or 'kv', the budget left)."""
         while self.running_slots() + request.params.n > self.slot_limit(request.tier):
             victim = self._victim_below(request)
             if victim is None:
@@ -336,8 +314,8 @@ class Scheduler:
             if first_chunk == 0 or (first_chunk > 1 and self._prefill_held(request)):
                 self._drop_kv(leader)
                 return "budget", budget
-            slots = self._slots_for_admission(request, leader, first_chunk)
-        while not self._admission_fits(request, swapped, leader, slots, budget):
+            slots = self._slots_on_joining(request, leader, first_chunk)
+        while not self._join_fits(request, swapped, leader, slots, budget):
             victim = self._victim_below(request)
             if victim is None:
                 if not swapped:
@@ -351,19 +329,19 @@ class Scheduler:
             out.ops.extend(self.bm.ensure_slots(leader.seq_id, slots))
         for seq in live:
             seq.status = SeqStatus.RUNNING
-            self._note_blocks(request, seq)
+            self.reservation.note_blocks(request, seq)
         self.running.append(request)
         if (held := self._pending_first_text([request])) is not None:  # swapped in with its text held: those
             self._first_text_rank = min(held, self._first_text_rank or held)  # served after it hold back too
         return "", self._schedule_request(request, budget, out)
 
-    def _slots_for_admission(self, request: Request, leader: Sequence, first_chunk: int) -> int:
-        """KV slots a new request takes now: its first chunk, or everything up front when contiguous."""
+    def _slots_on_joining(self, request: Request, leader: Sequence, first_chunk: int) -> int:
+        """KV slots a new request takes as it joins: its first chunk, or everything up front when contiguous."""
         if self.config.kv_allocation == "contiguous":
             return min(kv_slots(len(request.prompt_ids), request.params.max_tokens), self.max_model_len)
         return leader.num_computed + first_chunk
 
-    def _admission_fits(self, request: Request, swapped: bool, leader: Sequence, slots: int, budget: int) -> bool:
+    def _join_fits(self, request: Request, swapped: bool, leader: Sequence, slots: int, budget: int) -> bool:
         """Room for the request's first step: slots are checked already; KV, its tier's share, the watermark."""
         if swapped:
             growth = []
@@ -372,16 +350,16 @@ class Scheduler:
                     n = self._tokens_for(seq, budget)
                     budget -= n
                     growth.append((seq.seq_id, seq.num_computed + n))
-            blocks, extra = self.bm.blocks_to_resume(growth), 0
+            blocks, uncounted = self.bm.blocks_to_resume(growth), 0
             margin = SWAP_IN_HYSTERESIS
         else:
             blocks = self.bm.blocks_needed(leader.seq_id, slots)
-            extra = len(set(self.bm.tables[leader.seq_id]) - self.limited_blocks) if self._limited(request) else 0
+            uncounted = self.reservation.uncounted_blocks(request, leader)
             margin = 0.0
         usage_after = 1.0 - (self.bm.num_free_blocks - blocks) / self.bm.num_blocks
         if self.running and usage_after > self.config.kv_watermark - margin:
             return False
-        return self._fits(request, blocks, extra)
+        return self._fits(request, blocks, uncounted)
 
     # ---- checks ---------------------------------------------------------------------------------
     def check_integrity(self) -> None:
@@ -392,9 +370,4 @@ class Scheduler:
         for request in queued:
             tables = [s.seq_id for s in request.seqs if s.seq_id in self.bm.tables]
             assert not tables, f"queued request {request.request_id} holds device KV blocks"
-        if self.reserved_blocks:
-            tables = self.bm.tables
-            held = {b for r in self.running if r.tier != "premium" for s in r.seqs for b in tables.get(s.seq_id, ())}
-            assert len(held) <= self.kv_limit("standard"), (
-                f"non-premium requests hold {len(held)} KV blocks, more than the "
-                f"{self.kv_limit('standard')} the premium reservation leaves them")
+        self.reservation.check_integrity(self.running)

@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from engine.request.config import TIERS
+from engine.request.tiers import DEFAULT_TIER, TIERS
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -264,7 +264,7 @@ class ServerMetrics:
                 total += len(c.token_ids)
             if new:
                 gen_total += new
-                tier = out.tier if out.tier in self._tier else "standard"
+                tier = out.tier if out.tier in self._tier else DEFAULT_TIER
                 self._tier[tier]["gen"].inc(new)
                 with self._lock:
                     self._gen_by_tier[tier] += new
@@ -294,7 +294,7 @@ class ServerMetrics:
         queue_s, prefill_s, decode_s = t.queue_ms / 1e3, t.prefill_ms / 1e3, t.decode_ms / 1e3
         ttft = t.first_token_time - t.arrival_time if t.first_token_time is not None else queue_s + prefill_s
         self.ttft.observe(ttft)
-        self._tier[out.tier if out.tier in self._tier else "standard"]["ttft"].observe(ttft)
+        self._tier[out.tier if out.tier in self._tier else DEFAULT_TIER]["ttft"].observe(ttft)
         self.queue.observe(queue_s)
         self.prefill.observe(prefill_s)
         self.decode.observe(decode_s)

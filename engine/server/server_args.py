@@ -9,7 +9,8 @@ import types
 import typing
 from typing import Any
 
-from engine.request.config import TIERS, EngineConfig
+from engine.request.config import EngineConfig
+from engine.request.tiers import TIERS
 
 SWITCH_INTERVAL_MS = 0.5  # the server process's GIL switch interval (Python's default: 5 ms)
 
@@ -80,14 +81,14 @@ _ENGINE_HELP = {
     "max_num_batched_tokens": "per-step token budget",
     "enable_chunked_prefill": "chunked prefill (--no-chunked-prefill turns it off)",
     "prefill_chunk_size": "largest prefill chunk one request gets per step",
-    "rebatch_interval": "steps between admissions",
+    "rebatch_interval": "queued requests join the batch every N steps (and whenever a request finishes)",
     "first_text_priority": "while a request's first token is out but its text is held back (an incomplete "
                            "character), the prefill chunks of requests ranked below it wait "
                            "(--no-first-text-priority turns it off)",
     "premium_reserved_kv_frac": "share of KV blocks only premium may use",
     "premium_reserved_slots": "batch slots only premium may use",
     "max_waiting_per_tier": "waiting-queue bounds: premium=N,standard=N,basic=N (or JSON)",
-    "kv_watermark": "KV usage at which admissions stop and swapping starts",
+    "kv_watermark": "KV usage at which queued requests stop joining the batch and swapping starts",
     "admission": "slo (default): answer 429 + Retry-After to a request whose estimated queue wait would break its "
                  "tier's TTFT promise (--tier-ttft-slo-ms); queue-length: only the per-tier queue bounds "
                  "(--max-waiting-per-tier)",

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.request.tiers import TIER_RANK, TIERS
 from loadgen.report import data as d
 from loadgen.report.health import health as health_series
 from loadgen.report.health import step_spans
 from loadgen.results.slo import slo_label
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
-TIER_ORDER = ("premium", "standard", "basic")
 PARTS = (("mean_queue_ms", "queue", "#9467bd"), ("mean_prefill_ms", "prefill", "#1f77b4"),
          ("mean_network_ms", "network + frontend", "#bcbd22"), ("mean_decode_ms", "decode", "#2ca02c"))
 LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=40, b=50),
@@ -28,7 +28,7 @@ LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=40,
 
 
 def tier_sort(tiers) -> list[str]:
-    return sorted(tiers, key=lambda t: (TIER_ORDER.index(t) if t in TIER_ORDER else len(TIER_ORDER), t))
+    return sorted(tiers, key=lambda t: (TIER_RANK.get(t, len(TIERS)), t))
 
 
 def tier_colors(tiers) -> dict[str, str]:

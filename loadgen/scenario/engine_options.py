@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.request.tiers import TIERS
 from loadgen.scenario.model import ScenarioError
 from loadgen.scenario.schema import MappingNode, found
 
 # Options for the embedded reference engine: EngineConfig fields and server flags (``python -m
-# engine.server --help``), with their types and choices. loadgen never imports the engine, so this is a
-# table; tests/loadgen/scenario/test_scenario_schema.py checks it against EngineConfig and the server's parser.
+# engine.server --help``), with their types and choices. loadgen imports no more of the engine than its plain
+# request data (the tiers), so this is a table; tests/loadgen/scenario/test_scenario_schema.py checks it against
+# EngineConfig and the server's parser.
 _opt = type(None)
 ENGINE_OPTIONS: dict[str, tuple[tuple, tuple | None]] = {
     "model": ((str,), None),
@@ -49,6 +51,7 @@ ENGINE_OPTIONS: dict[str, tuple[tuple, tuple | None]] = {
     "switch_interval_ms": ((float,), None),
     "engine_core": ((str,), ("process", "thread")),
 }
+_TIER_CHOICES = "|".join(TIERS)  # the keys of a per-tier option, as its errors name them
 
 
 def parse_engine_options(eng: MappingNode) -> dict[str, Any]:
@@ -66,20 +69,20 @@ def parse_engine_options(eng: MappingNode) -> dict[str, Any]:
             raise ScenarioError(f"{eng.key(k)}: expected a value >= 0, found {v!r}")
         if k == "max_waiting_per_tier":
             for tier, n in v.items():
-                if tier not in ("premium", "standard", "basic") or isinstance(n, bool) or not isinstance(n, int):
-                    raise ScenarioError(f"{eng.key(k)}.{tier}: expected premium|standard|basic: an integer, "
+                if tier not in TIERS or isinstance(n, bool) or not isinstance(n, int):
+                    raise ScenarioError(f"{eng.key(k)}.{tier}: expected {_TIER_CHOICES}: an integer, "
                                         f"found {found(n)}")
         if k == "tier_ttft_slo_ms":
             for tier, ms in v.items():
-                if tier not in ("premium", "standard", "basic") or isinstance(ms, bool) or \
+                if tier not in TIERS or isinstance(ms, bool) or \
                         not isinstance(ms, (int, float)) or ms < 0:
-                    raise ScenarioError(f"{eng.key(k)}.{tier}: expected premium|standard|basic: a number of ms "
+                    raise ScenarioError(f"{eng.key(k)}.{tier}: expected {_TIER_CHOICES}: a number of ms "
                                         f">= 0, found {found(ms)}")
         if k == "tier_max_queue_s":
             for tier, s in v.items():
-                if tier not in ("premium", "standard", "basic") or isinstance(s, bool) or \
+                if tier not in TIERS or isinstance(s, bool) or \
                         not (s is None or (isinstance(s, (int, float)) and s > 0)):
-                    raise ScenarioError(f"{eng.key(k)}.{tier}: expected premium|standard|basic: seconds > 0 or "
+                    raise ScenarioError(f"{eng.key(k)}.{tier}: expected {_TIER_CHOICES}: seconds > 0 or "
                                         f"null (unbounded), found {found(s)}")
         out[k] = v
     return out

@@ -87,8 +87,6 @@ from loadgen.workload.traces import TraceError, TraceInfo, TraceOptions
 
 ENDPOINTS = ("completions", "chat", "responses")  # client.endpoint, --endpoint
 SLO_NAMES = SLO_METRICS  # ttft_ms, ttfot_ms, tpot_ms, e2el_ms: what latency.slo_value judges
-# service_tier values: the reference engine's, and OpenAI's that map onto them
-TIER_NAMES = ("premium", "standard", "basic", "priority", "default", "auto", "flex")
 
 
 class ScenarioError(ValueError):

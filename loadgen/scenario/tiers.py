@@ -3,8 +3,9 @@ carry to the server (``priority``, ``headers``) and how long the client waits fo
 
 from __future__ import annotations
 
+from engine.request.tiers import TIER_NAMES
 from loadgen.results.slo import STATISTICS, slo_key
-from loadgen.scenario.model import SLO_NAMES, TIER_NAMES, Scenario, ScenarioError
+from loadgen.scenario.model import SLO_NAMES, Scenario, ScenarioError
 from loadgen.scenario.schema import MappingNode
 
 

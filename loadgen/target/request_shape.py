@@ -12,10 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.request.tiers import TIER_NAME_RANK
 from loadgen.target.probe import ENDPOINT_PATHS, Capabilities
 
-# a tier's rank, most important first (OpenAI's own service tiers beside slobench's)
-TIER_RANK = {"premium": 0, "priority": 0, "standard": 1, "default": 1, "auto": 1, "basic": 2, "flex": 2}
 # servers that serve the highest priority value first (SGLang, unless --schedule-low-priority-values-first);
 # vLLM, and any server not recognised, serve the lowest first
 HIGHER_FIRST = frozenset({"sglang"})
@@ -48,7 +47,7 @@ def tier_priorities(tiers: Iterable[str], server: str, explicit: Mapping[str, in
     the tiers (premium 0, standard 1, basic 2, in vLLM's convention: lower is served first), reversed for a
     server that serves the highest value first (``HIGHER_FIRST``)."""
     explicit = dict(explicit or {})
-    order = sorted(tiers, key=lambda t: TIER_RANK.get(t, len(TIER_RANK)))
+    order = sorted(tiers, key=lambda t: TIER_NAME_RANK.get(t, len(TIER_NAME_RANK)))
     top = len(order) - 1
     return {t: explicit.get(t, top - i if server in HIGHER_FIRST else i) for i, t in enumerate(order)}
 
