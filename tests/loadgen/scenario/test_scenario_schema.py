@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadgen.capacity.plan import CapacityPlan
+from loadgen.capacity.settings import CapacitySettings
 from loadgen.scenario.engine_options import ENGINE_OPTIONS
 from loadgen.scenario.flags import apply_override
 from loadgen.scenario.model import ScenarioError
@@ -133,7 +133,7 @@ def test_the_good_scenario_parses():
     assert s.search.axis == "rate" and s.step.window_s == 8 and s.headroom == 0.2
     slos = s.slos()
     assert slos["basic"] == [] and slos["premium"][0].quantile == 0.99 and slos["standard"][0].quantile == 0.95
-    plan = CapacityPlan.from_scenario(s)
+    plan = CapacitySettings.from_scenario(s)
     assert plan.drain_s == 2.0  # 2 x the largest threshold (0.8 s), at least 2 s
 
 
@@ -198,7 +198,7 @@ def test_shipped_scenarios_load_and_build(path):
     assert specs and all(sp.max_tokens >= 1 for sp in specs)
     if s.search is None:
         return
-    plan = CapacityPlan.from_scenario(s)
+    plan = CapacitySettings.from_scenario(s)
     assert plan.step.step_duration_s <= 30 and plan.search.max_steps <= 14  # a few minutes on 2 cores
     for load in (plan.search.start, plan.search.start * plan.search.growth ** 3):
         step = step_specs(s, plan.search.axis, load, 1, 100.0, plan.step.step_duration_s)
@@ -215,7 +215,7 @@ def test_engine_option_table_matches_the_engine():
 
     pytest.importorskip("torch")
     from engine.request.config import EngineConfig
-    from engine.server import add_server_arguments
+    from engine.server.server_args import add_server_arguments
 
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     p = add_server_arguments(argparse.ArgumentParser())
@@ -232,7 +232,7 @@ def test_embedded_engine_keeps_the_scenarios_ttft_promises():
     import argparse
 
     pytest.importorskip("torch")
-    from engine.server import add_server_arguments
+    from engine.server.server_args import add_server_arguments
     from engine.server.server_args import config_from_args
     from loadgen.commands.plan import engine_shape
     from loadgen.target.embedded import engine_args
