@@ -73,7 +73,7 @@ def floor(scenario: Path, true_rps: float | None, lengths: list[float], seeds: i
     default queue, the scenario's warm-up floor)."""
     import numpy as np
 
-    from loadgen.capacity.plan import CapacityPlan
+    from loadgen.capacity.settings import CapacitySettings
     from loadgen.capacity.truth import QueueParams, ideal_step_ratings
     from loadgen.results.latency import quantile
     from loadgen.scenario.parse import load_scenario
@@ -87,7 +87,7 @@ def floor(scenario: Path, true_rps: float | None, lengths: list[float], seeds: i
         true_rps = QueueTruth(scn, QueueParams(), requests=50_000, seeds=4).capacity()
         if not true_rps:
             return None
-    warmup = CapacityPlan.from_scenario(scn).step.warmup_s
+    warmup = CapacitySettings.from_scenario(scn).step.warmup_s
     rows = []
     for length in lengths:
         errs = ideal_step_ratings(scn, QueueParams(), true_rps, length, warmup, seeds=seeds) / true_rps - 1.0

@@ -1,4 +1,4 @@
-"""The seed's claims, every experiment in its full form: `slobench experiments --out bench/results`.
+"""The engine's design claims, every experiment in its full form: `slobench experiments --out bench/results`.
 
     .venv/bin/python bench/experiments_bench.py [NAME ...] [--reduced] [--out bench/results]
 

@@ -8,11 +8,11 @@
     slobench gate RUN_DIR... --baseline B... [--rules R] CI gate: exit 0 pass, 1 regression, 2 bad input
     slobench mock-server [--strict] [--ttft-ms ...]      a mock target with exact timing
     slobench calibrate SCENARIO.yaml [--slots C ...]     the capacity search against a mock of known capacity
-    slobench plan SCENARIO.yaml --model M --hardware H   capacity planning: theory, calibration, prediction
+    slobench plan SCENARIO.yaml --model M --hardware H   capacity planning: theory, a fitted step time, prediction
     slobench watch TARGET --baseline RUN_DIR             the five health signals against a capacity run
     slobench export-monitoring RUN_DIR                   Grafana dashboard + Prometheus alerts from a run
     slobench scenarios [NAME]                            the built-in scenarios, or one's YAML to copy
-    slobench experiments [NAME ...] [--reduced]          the seed's claims measured on the reference engine
+    slobench experiments [NAME ...] [--reduced]          the engine's design claims measured on the reference engine
     slobench serve ...                                    the reference engine's server
     slobench generate PROMPT                              one offline generation with the engine
 

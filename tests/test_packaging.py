@@ -140,11 +140,11 @@ def test_every_builtin_parses_and_says_what_it_is_for(name):
 
 
 def test_the_template_is_valid_for_capacity_and_comments_every_field():
-    from loadgen.capacity.plan import CapacityPlan
+    from loadgen.capacity.settings import CapacitySettings
 
     path = resolve_scenario("your-server")
     scn = load_scenario(path)
-    plan = CapacityPlan.from_scenario(scn)
+    plan = CapacitySettings.from_scenario(scn)
     assert (scn.synthetic.input_len.value, scn.synthetic.output_len.value) == (512, 128)
     assert scn.tier_slos == {"standard": {"ttft_ms": 500.0}} and plan.step.quantile == 0.99
     assert (plan.search.start, plan.search.growth, plan.step.step_duration_s) == (1.0, 2.0, 30.0)

@@ -1,1 +1,2 @@
-"""The seed's claims as experiments on the reference engine (`slobench experiments`): `registry.EXPERIMENTS`."""
+"""The engine's design claims, each measured by an experiment on the reference engine (`slobench experiments`):
+`registry.EXPERIMENTS`."""

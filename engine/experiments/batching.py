@@ -19,7 +19,7 @@ class BatchingParams:
     seed: int = 0
 
 
-# "2-3x" is a range: below 2x continuous batching gains less than claimed, above 3x more (the seed's figure
+# "2-3x" is a range: below 2x continuous batching gains less than claimed, above 3x more (the claimed figure
 # then understates it).
 CLAIMED_RATIO = (2.0, 3.0)
 
@@ -39,7 +39,7 @@ def batching_finding(p: BatchingParams, cont: dict, static: dict) -> Finding:
         note += (": on this CPU a step's time grows with the batch, so a fuller batch buys less than on a GPU, where a "
                  "memory-bound decode step of a large model costs nearly the same at 8 and 32 sequences."
                  if step_cost > 1.25 else
-                 "; the static batch is fuller than the seed assumes (it drains only as fast as its longest answer, "
+                 "; the static batch is fuller than the claim assumes (it drains only as fast as its longest answer, "
                  "and these answers vary less than a real chat mix).")
     elif ratio > hi:
         note = (f"it gains more than claimed: {times(ratio)} is {ratio / hi:.2f}x the top of {lo:g}-{hi:g}x. {fuller}; "

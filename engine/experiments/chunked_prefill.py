@@ -4,7 +4,7 @@ and without chunking, and the extra time the long prompt takes.
 The engine ranks requests by (tier, arrival) and gives a step's token budget in that order; without
 chunking a prefill longer than the budget runs alone. So a long prompt ranked *below* the running decodes
 waits for budget to be free (it is delayed, they do not stall), and one ranked *above* them (a higher
-tier) takes the whole step and stalls them: the seed's case. Both are measured; the claims are judged on
+tier) takes the whole step and stalls them: the claim's case. Both are measured; the claims are judged on
 the second. The long prompt alone (no decodes) is measured too, chunked and whole, to tell the cost of
 chunking itself from that of the decodes riding along in every chunk's step."""
 
@@ -22,8 +22,8 @@ from engine.request.sampling import SamplingParams
 # no gap beyond twice a normal one. A gap of many normal gaps is a stall whether or not the decodes got a
 # token in every step: their clients see the pause either way.
 STALL_FACTOR = 2.0
-# "About 10% longer": the seed's +10% give or take 10 points. Below 0 chunking is not a cost at all; past
-# +20% it costs at least twice what the seed says.
+# "About 10% longer": the claimed +10% give or take 10 points. Below 0 chunking is not a cost at all; past
+# +20% it costs at least twice what the claim says.
 CLAIMED_EXTRA, EXTRA_BAND = 0.10, 0.10
 
 

@@ -64,7 +64,7 @@ def paged_kv(p: PagedParams) -> ExperimentResult:
         note = "" if ratio > 2 else (
             f"{times(ratio)} is {2 / ratio:.2f}x short of 2x: contiguous leaves {pct(r[b]['mean_fragmentation'])} of "
             f"its blocks unwritten and paged {pct(r[a]['mean_fragmentation'])}, which bounds the gain near "
-            f"{times(bound)}; the seed's figure assumes clients ask for far more tokens than they use.")
+            f"{times(bound)}; the claimed figure assumes clients ask for far more tokens than they use.")
         conc.append(Finding(claim="paged KV runs more than 2x the sequences of contiguous in the same memory",
                             seed_figure="> 2x", setting=f"{p.kv_cache_tokens}-token pool, {label}",
                             measured=f"{pa:.1f} vs {ca:.1f} running while requests queue: {times(ratio)}",
@@ -104,7 +104,7 @@ def customer_service(p: PrefixParams) -> list[tuple[list[int], int]]:
 
 
 # "Up to 40%" on the very traffic it names (long shared system prompts) says the saving reaches about 40%
-# there: 40% give or take 10 points. Far below, sharing saves less than claimed; far above, the seed's figure
+# there: 40% give or take 10 points. Far below, sharing saves less than claimed; far above, the claimed figure
 # understates it. Either way the figure does not describe this traffic.
 CLAIMED_SAVING, SAVING_BAND = 0.40, 0.10
 
@@ -123,7 +123,7 @@ def sharing_finding(p: PrefixParams, on: dict, off: dict) -> Finding:
     elif saved > hi:
         note = (f"it saves more than claimed: {pct(saved)} is {saved - hi:.1%} above the band's {pct(hi)}. Here the "
                 f"shared system prompt is {pct(share)} of a request's tokens and about {per_copy:.1f} running "
-                "sequences share each copy; the seed's 40% fits a shorter shared prefix or fewer sequences per copy.")
+                "sequences share each copy; the claimed 40% fits a shorter shared prefix or fewer sequences per copy.")
     return Finding(
         claim="prefix sharing saves up to 40% of KV memory on customer-service traffic with long system prompts",
         seed_figure="up to 40%",

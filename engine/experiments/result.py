@@ -1,4 +1,4 @@
-"""What an experiment hands back: its parameters, one finding per claim (the seed's wording and figure, the
+"""What an experiment hands back: its parameters, one finding per design claim (its wording and figure, the
 measured figure, whether it holds here and, where not, by how much and why), its raw figures and a plot."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 @dataclass
 class Finding:
-    claim: str  # the seed's wording
-    seed_figure: str  # the seed's number, as it states it
+    claim: str  # the design claim's wording
+    seed_figure: str  # the claimed number, as the claim states it
     setting: str  # what was compared, in a few words
     measured: str  # the measured figure, as text
     value: float | None  # the headline number behind `measured`

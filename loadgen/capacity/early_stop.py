@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loadgen.capacity.plan import CapacityPlan
+from loadgen.capacity.settings import CapacitySettings
 from loadgen.results import latency
 from loadgen.results.outcomes import within_shed_budget
 from loadgen.results.records import RequestRecord
@@ -59,7 +59,7 @@ CLEAR_PASS_MIN = 30  # settled requests before a step may pass early
 MEAN_MIN_SAMPLES = 30  # a window's requests for a tier whose SLOs are all means
 
 
-def min_samples(plan: CapacityPlan, tier: str) -> int:
+def min_samples(plan: CapacitySettings, tier: str) -> int:
     """The planned requests of ``tier`` a step's window should hold (0: no rule)."""
     if plan.step.min_samples is not None:
         return plan.step.min_samples
@@ -69,7 +69,7 @@ def min_samples(plan: CapacityPlan, tier: str) -> int:
     return math.ceil(1.0 / (1.0 - plan.quantile(tier)) - 1e-9)
 
 
-def step_length_s(plan: CapacityPlan, arrivals: Sequence[tuple[float, str]]) -> float:
+def step_length_s(plan: CapacitySettings, arrivals: Sequence[tuple[float, str]]) -> float:
     """How long a step sends, its arrivals ``(time from the step's start, tier)`` planned up to
     ``max_step_duration_s``: ``step_duration_s``, or past the arrival that gives every judged tier
     ``min_samples`` requests after the longest warm-up (halfway to the next), at most ``max_step_duration_s``."""
@@ -87,7 +87,7 @@ def step_length_s(plan: CapacityPlan, arrivals: Sequence[tuple[float, str]]) -> 
     return min(length, opts.max_step_duration_s)
 
 
-def min_window_s(plan: CapacityPlan) -> float:
+def min_window_s(plan: CapacitySettings) -> float:
     """Steady state after the warm-up before a clear pass may be declared."""
     return min(2.0, plan.step.window_s)
 
@@ -103,7 +103,7 @@ class Decision:
 class StepLooks:
     """The looks of one step's window [w0, w1) (``planned``: its requests per tier, open loop)."""
 
-    def __init__(self, plan: CapacityPlan, w0: float, w1: float, planned: Counter, phase: str):
+    def __init__(self, plan: CapacitySettings, w0: float, w1: float, planned: Counter, phase: str):
         self.plan, self.w0, self.w1, self.planned, self.phase = plan, w0, w1, planned, phase
         self.horizon = max(s.threshold_ms for ss in plan.slos.values() for s in ss) / 1000.0
         opts = plan.step
@@ -176,7 +176,7 @@ class StepLooks:
         return {tier: dict(m) for tier, m in self.samples.items()}
 
 
-def clear_pass_reason(plan: CapacityPlan, records: Sequence[RequestRecord], w0: float, t: float) -> str | None:
+def clear_pass_reason(plan: CapacitySettings, records: Sequence[RequestRecord], w0: float, t: float) -> str | None:
     """Why the step has clearly passed, or None. Pooling the tiers lets a light load decide early; it is
     conservative for a prioritised tier (premium is served first, so its latencies sit below the pool's)."""
     horizon = max(s.threshold_ms for ss in plan.slos.values() for s in ss) / 1000.0

@@ -31,8 +31,8 @@ from typing import Any
 from loadgen.capacity import rating
 from loadgen.capacity.cause import break_cause
 from loadgen.capacity.headline import headline, interval_span, verdict_text
-from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step, StepResult
+from loadgen.capacity.settings import CapacitySettings
 from loadgen.capacity.step import CapacityRunner
 from loadgen.capacity.steps_csv import write_steps_csv
 from loadgen.drivers.event_loop import add_stop_handlers, remove_stop_handlers, run_sync
@@ -81,7 +81,7 @@ def offered_rate(details: list[dict[str, Any]]) -> float | None:
     return num / den if den > 0 else None
 
 
-def rated_capacity(outcome: SearchOutcome, plan: CapacityPlan,
+def rated_capacity(outcome: SearchOutcome, plan: CapacitySettings,
                    interval: dict[str, Any] | None = None) -> dict[str, Any] | None:
     if outcome.rated_load is None:
         return None
@@ -160,7 +160,7 @@ def step_entry(s: Step) -> dict[str, Any]:
                               "confirms": s.confirms, "disturbance": s.disturbed}
 
 
-def build_summary(plan: CapacityPlan, outcome: SearchOutcome, *, meta: dict[str, Any], duration_s: float,
+def build_summary(plan: CapacitySettings, outcome: SearchOutcome, *, meta: dict[str, Any], duration_s: float,
                   complete: bool, stopped: str | None, interval: dict[str, Any] | None = None) -> dict[str, Any]:
     steps = [step_entry(s) for s in outcome.steps]
     rated = rated_capacity(outcome, plan, interval)
@@ -247,7 +247,7 @@ async def measure_step(runner: CapacityRunner, load: float, phase: str, index: i
     return res
 
 
-def over_budget(plan: CapacityPlan, elapsed_s: float, full_step_walls: list[float]) -> str | None:
+def over_budget(plan: CapacitySettings, elapsed_s: float, full_step_walls: list[float]) -> str | None:
     """Why the next step must not start (None: it may): it would end past the run's time budget,
     ``search.max_duration_s``, counted from the run's start (the engine's start-up included). The next step
     is taken to last as long as the longest step so far that ran to its cap (its settle, warm-up, window and
@@ -262,7 +262,7 @@ def over_budget(plan: CapacityPlan, elapsed_s: float, full_step_walls: list[floa
             f"the next step would take about {need:.0f} s)")
 
 
-def rate_interval(plan: CapacityPlan, summary: dict[str, Any]) -> dict[str, Any] | None:
+def rate_interval(plan: CapacitySettings, summary: dict[str, Any]) -> dict[str, Any] | None:
     """``capacity.rating`` over the summary's counted steps; None without a verdict to put an interval on
     (never_met, or nothing judged)."""
     if summary.get("search_verdict") not in ("rated", "never_broke"):
@@ -286,7 +286,7 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
     from loadgen.capacity.display import CapacityDisplay
     from loadgen.target.embedded import EmbeddedEngine
 
-    plan = CapacityPlan.from_scenario(scn)
+    plan = CapacitySettings.from_scenario(scn)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started_at = now_iso()

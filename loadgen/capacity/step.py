@@ -36,8 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loadgen.capacity.early_stop import Decision, StepLooks, step_length_s
-from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import StepResult
+from loadgen.capacity.settings import CapacitySettings
 from loadgen.capacity.steady import SteadyState
 from loadgen.capacity.step_stats import StepWindow, step_detail
 from loadgen.drivers.base import Driver, connections_needed
@@ -98,7 +98,7 @@ class StepRecordWriter(RecordWriter):
 class CapacityRunner:
     """Measures load steps against one target, on one clock, into one run folder."""
 
-    def __init__(self, plan: CapacityPlan, run_dir: Path, target: str, *, prepared: PreparedTarget | None = None,
+    def __init__(self, plan: CapacitySettings, run_dir: Path, target: str, *, prepared: PreparedTarget | None = None,
                  watch: Callable[[], str | None] | None = None, display=None, scrape: bool = True,
                  driver: str = "aiohttp", workers: int = 1):
         self.plan = plan

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.capacity.plan import CapacityPlan
+from loadgen.capacity.settings import CapacitySettings
 from loadgen.results import latency
 from loadgen.results.outcomes import outcome_counts, within_shed_budget
 from loadgen.results.records import RequestRecord
@@ -65,7 +65,7 @@ class StepWindow:
         return min(self.w1, self.stopped_at) if self.stopped_at is not None else self.w1
 
 
-def step_detail(plan: CapacityPlan, st: StepWindow, records: Sequence[RequestRecord], metrics: list[dict],
+def step_detail(plan: CapacitySettings, st: StepWindow, records: Sequence[RequestRecord], metrics: list[dict],
                 clock_s: float, wall_s: float) -> dict[str, Any]:
     """The step's entry in ``summary.json["steps"]`` (``metrics``: the run's scrape so far)."""
     w1 = st.window_end

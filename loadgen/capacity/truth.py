@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from loadgen.capacity import rating
-from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.search import CapacitySearch, StepResult
+from loadgen.capacity.settings import CapacitySettings
 from loadgen.results.latency import quantile
 from loadgen.results.sequential import clusters
 from loadgen.scenario.model import Scenario
@@ -256,14 +256,14 @@ class SimulatedSteps:
     the scenario's ``step_duration_s``, the requests scheduled in its first ``warmup_s`` not judged, judged
     on the scenario's first SLO, runs of exceedances counted as a step counts them (``decluster_run``).
     What it leaves out of a real step: early stopping, the adaptive warm-up, the client. Its arrivals are
-    counted as a real step's are (``CapacityPlan.count_marks``: exact counts, ``search.window_counts``).
+    counted as a real step's are (``CapacitySettings.count_marks``: exact counts, ``search.window_counts``).
     ``prefix_s`` > 0
     feeds the queue that many seconds of the same load before the step (a window from the queue's steady
     state instead of an idle one: what an idle start costs the rating, ``bench/rating_simulation.py``)."""
 
     def __init__(self, scn: Scenario, q: QueueParams, prefix_s: float = 0.0):
         check_scenario(scn)
-        plan = CapacityPlan.from_scenario(scn)
+        plan = CapacitySettings.from_scenario(scn)
         step = plan.step
         self.scn, self.q, self.prefix_s = scn, q, prefix_s
         self.marks = tuple(prefix_s + m for m in plan.count_marks)  # the prefix's own count is exact too

@@ -109,21 +109,22 @@ def calibration_section(truth: dict[str, Any], summary: dict[str, Any], q, ideal
 
 
 def ideal_section(scn, q, true_rps: float, seeds: int) -> dict[str, Any] | None:
-    """One window per step, judged perfectly: this seed's rating and the spread over ``seeds`` seeds."""
+    """One window per load step, judged perfectly: this seed's rating and the spread over ``seeds`` seeds."""
     import numpy as np
 
-    from loadgen.capacity.plan import CapacityPlan
+    from loadgen.capacity.settings import CapacitySettings
     from loadgen.capacity.truth import ideal_step_ratings
 
     if seeds <= 0 or not true_rps:
         return None
-    step = CapacityPlan.from_scenario(scn).step
-    own = float(ideal_step_ratings(scn, q, true_rps, step.step_duration_s, step.warmup_s, seeds=1,
+    load_step = CapacitySettings.from_scenario(scn).step  # the options of each load step
+    own = float(ideal_step_ratings(scn, q, true_rps, load_step.step_duration_s, load_step.warmup_s, seeds=1,
                                    seed0=scn.seed)[0])
-    errs = ideal_step_ratings(scn, q, true_rps, step.step_duration_s, step.warmup_s, seeds=seeds) / true_rps - 1.0
+    errs = ideal_step_ratings(scn, q, true_rps, load_step.step_duration_s, load_step.warmup_s,
+                              seeds=seeds) / true_rps - 1.0
     return {"rated_rps": own, "error": own / true_rps - 1.0, "seeds": seeds, "mean_error": float(np.mean(errs)),
             "sd_error": float(np.std(errs)), "abs_error_p90": float(np.sort(np.abs(errs))[int(0.9 * (seeds - 1))]),
-            "step_duration_s": step.step_duration_s, "warmup_s": step.warmup_s}
+            "step_duration_s": load_step.step_duration_s, "warmup_s": load_step.warmup_s}
 
 
 def _pct(x: float | None) -> str:
@@ -131,16 +132,16 @@ def _pct(x: float | None) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from loadgen.capacity.plan import CapacityPlan
     from loadgen.capacity.run import run_capacity
+    from loadgen.capacity.settings import CapacitySettings
     from loadgen.capacity.truth import QueueTruth, TruthError, check_scenario
     from loadgen.results.rundir import json_default, write_summary
     from loadgen.scenario.builtin import resolve_scenario
     from loadgen.scenario.model import ScenarioError
     from loadgen.scenario.parse import load_scenario
+    from loadgen.target.capabilities import ProbeError
     from loadgen.target.discovery import TargetError
     from loadgen.target.embedded import EngineStartError
-    from loadgen.target.probe import ProbeError
 
     q = queue_params(args)
     if args.truth_requests < 1000 or args.truth_seeds < 1 or args.ideal_seeds < 0:
@@ -150,7 +151,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         scn = load_scenario(args.scenario, overrides=list(args.set or []))
         if args.seed is not None:
             scn.seed = args.seed
-        CapacityPlan.from_scenario(scn)
+        CapacitySettings.from_scenario(scn)
         check_scenario(scn)  # before anything runs: a scenario the simulation cannot stand for
         t0 = time.monotonic()
         say = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))

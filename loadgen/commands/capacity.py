@@ -30,16 +30,16 @@ EXIT_INVALID = 3
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from loadgen.capacity.plan import CapacityPlan
     from loadgen.capacity.run import run_capacity
+    from loadgen.capacity.settings import CapacitySettings
     from loadgen.results.rundir import json_default
     from loadgen.scenario.model import ScenarioError
     from loadgen.scenario.options import StepOptions
     from loadgen.scenario.steps import step_specs
     from loadgen.target.access import AccessError
+    from loadgen.target.capabilities import ProbeError
     from loadgen.target.discovery import TargetError
     from loadgen.target.embedded import EngineStartError, require_engine
-    from loadgen.target.probe import ProbeError
     from loadgen.target.request_shape import TargetFitError
     from loadgen.workload.exact_text import ExactLengthError
     from loadgen.workload.tokenizer import TokenizerError
@@ -48,7 +48,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     check_driver_support(scn, args.driver)
     target = target_url(args.target or scn.target)
     try:
-        CapacityPlan.from_scenario(scn)  # bad input fails before an engine starts
+        CapacitySettings.from_scenario(scn)  # bad input fails before an engine starts
         # the workload itself must build (a bad trace path, an empty trace)
         step_specs(scn, scn.search.axis if scn.search else "rate", (scn.search.start if scn.search else 1.0),
                    0, 0.0, (scn.step or StepOptions()).step_duration_s)

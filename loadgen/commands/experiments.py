@@ -1,6 +1,6 @@
-"""``slobench experiments [NAME ...]``: the seed's claims measured on the reference engine, in-process.
+"""``slobench experiments [NAME ...]``: the engine's design claims measured on the reference engine, in-process.
 
-Each experiment (engine/experiments/registry.py) states its parameters, the seed's claim and figure, the
+Each experiment (engine/experiments/registry.py) states its parameters, the design claim and its figure, the
 measured figure and whether the claim holds here, and where it does not, by how much and the likely reason.
 The run folder gets ``experiments.json`` after every experiment (Ctrl-C keeps what finished) and
 ``experiments.html`` at the end. ``--reduced`` is the seconds-long form the tests run."""
@@ -18,7 +18,7 @@ JSON_NAME, HTML_NAME = "experiments.json", "experiments.html"
 
 def register(sub) -> argparse.ArgumentParser:
     """Add ``experiments`` to the subcommands."""
-    p = sub.add_parser("experiments", help="the seed's claims measured on the reference engine (CPU)",
+    p = sub.add_parser("experiments", help="the engine's design claims measured on the reference engine (CPU)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("names", nargs="*", metavar="NAME", help="experiments to run (default: all; --list names them)")
     p.add_argument("--reduced", action="store_true", help="the seconds-long form (the tests'), not the full one")

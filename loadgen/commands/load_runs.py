@@ -108,9 +108,9 @@ def execute_load_run(args: argparse.Namespace, run: LoadRun) -> int:
     from loadgen.drivers.http_request import ClientConfig
     from loadgen.fixed_load import RunOptions, execute
     from loadgen.target.access import AccessError
+    from loadgen.target.capabilities import ProbeError
     from loadgen.target.discovery import TargetError
     from loadgen.target.embedded import EmbeddedEngine, EngineStartError, require_engine
-    from loadgen.target.probe import ProbeError
     from loadgen.target.request_shape import TargetFitError
     from loadgen.workload.exact_text import ExactLengthError
     from loadgen.workload.tokenizer import TokenizerError

@@ -2,16 +2,17 @@
 
 From a model's sizes (a preset of the engine, a checkpoint's ``config.json``, or explicit sizes) and a
 hardware profile (``--hardware``: a spec-sheet accelerator, or ``host``: measured here) the theory gives
-memory, KV, batch, step times and throughput; ``--calibrate URL`` (or ``embedded``: the scenario's own
-engine, started here) fits the step time to a running target instead: the probe's fixed batches and
-prompt lengths, then load points (the scenario's own requests at shares of the predicted capacity,
-``--load-point``) whose measured service times scale the fit (``planning/load_point.py``). For each step
-model a discrete-event simulation of the scenario on the engine's scheduler predicts the rated capacity;
-``--target-rps`` turns it into replicas and GPUs; ``--capacity-run DIR`` sets the prediction beside a
-measured capacity run (and leaves it in the run folder, ``prediction.json``, whose ``report.html`` then
-draws it beside the steps). The engine is imported here only (loadgen reaches it from its commands): its
-presets, its config reader and ``EngineConfig``'s defaults, plain data that imports without torch, so the
-client plans alone; ``--hardware host`` and ``--calibrate embedded`` need the engine extra.
+memory, KV, batch, engine step times and throughput. ``--calibrate URL`` (or ``embedded``: the scenario's
+own engine, started here) fits the engine's step time to a running target instead: the probe times its
+steps at fixed batches and prompt lengths (``--probe-*``, ``planning/step_timing.py``), then load points
+(the scenario's own requests at shares of the predicted capacity, ``--load-point``) whose measured service
+times scale the fit (``planning/load_point.py``). For each step-time model a discrete-event simulation of
+the scenario on the engine's scheduler predicts the rated capacity; ``--target-rps`` turns it into
+replicas and GPUs; ``--capacity-run DIR`` sets the prediction beside a measured capacity run (and leaves it
+in the run folder, ``prediction.json``, whose ``report.html`` then draws it beside the load steps). The
+engine is imported here only (loadgen reaches it from its commands): its presets, its config reader and
+``EngineConfig``'s defaults, plain data that imports without torch, so the client plans alone;
+``--hardware host`` and ``--calibrate embedded`` need the engine extra.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from typing import Any
 
 from loadgen.commands.common import EXIT_FAIL, EXIT_OK, UsageError, engine_opt
 
-DEFAULT_PROBE = "1,8,32"
-MAX_PROBE_PROMPT = 4096  # the longest prompt the probe sends (its steps are timed one by one)
+DEFAULT_TIMED_BATCHES = "1,8,32"
+MAX_TIMED_PROMPT = 4096  # the longest prompt the probe sends (its engine steps are timed one by one)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -42,8 +43,9 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def register(sub) -> argparse.ArgumentParser:
     """Add ``plan`` to the subcommands."""
-    p = sub.add_parser("plan", help="capacity planning: theory, a calibration probe, a simulated rated capacity, "
-                                    "replicas for a target load, the comparison with a capacity run",
+    p = sub.add_parser("plan", help="capacity planning: theory, a probe that fits the engine's step time, a "
+                                    "simulated rated capacity, replicas for a target load, the comparison with a "
+                                    "capacity run",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="a synthetic, single-turn, open-loop scenario: a YAML file or a built-in's "
                                      "name, e.g. chat (slobench scenarios lists them)")
@@ -54,8 +56,10 @@ def register(sub) -> argparse.ArgumentParser:
                                    "--hardware host, the engine's CPU default; else bf16)")
     p.add_argument("--hardware", help="H100, H200, B200, A100-80GB, L40S, L4, MI300X (spec sheets), or host (this "
                                       "machine's CPU, measured); needed unless --calibrate is given")
-    p.add_argument("--calibrate", metavar="TARGET_URL", help="fit the step time to a running target (about a "
-                   "minute), or 'embedded': start the scenario's reference engine for it")
+    p.add_argument("--calibrate", dest="timing_target", metavar="TARGET_URL",
+                   help="fit the engine's step time to a running target (about a minute), or 'embedded': start the "
+                        "scenario's reference engine for it (not `slobench calibrate`, which checks the capacity "
+                        "search)")
     p.add_argument("--tp", type=int, help="tensor-parallel degree (default: the smallest of 1, 2, 4, 8 whose "
                                           "memory holds the weights and the longest request's KV)")
     p.add_argument("--mem-util", type=float, default=0.9,
@@ -73,7 +77,8 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=6000, help="simulated requests per draw (default 6000)")
     p.add_argument("--draws", type=int, default=2, help="simulated arrival draws (default 2)")
     p.add_argument("--seed", type=int, help="the simulation's seed (default: the scenario's)")
-    p.add_argument("--probe-batches", type=_ints, default=_ints(DEFAULT_PROBE), help="probe batch sizes (1,8,32)")
+    p.add_argument("--probe-batches", type=_ints, default=_ints(DEFAULT_TIMED_BATCHES),
+                   help="probe batch sizes (1,8,32)")
     p.add_argument("--probe-contexts", type=_ints, default=_ints("64,384"), help="probe decode prompt lengths")
     p.add_argument("--probe-prefill", type=_ints, help="probe prefill prompt lengths (default 32,128,256 and the "
                    "scenario's longest prompt, up to 4096, when it is longer than the engine's prefill chunk)")
@@ -132,60 +137,65 @@ def engine_shape(opts: dict[str, Any], kv_tokens: int | None):
     return EngineShape(**{k: getattr(cfg, k) for k in fields}, kv_tokens=kv_tokens or pool)
 
 
-def probe_plan(args: argparse.Namespace, chunk: int | None = None, longest: int = 0):
-    """The probe's points; ``chunk`` the engine's prefill chunk, ``longest`` the scenario's longest prompt
-    (probed too, chunk by chunk, when longer than a chunk: a long prompt's later chunks attend to more)."""
-    from loadgen.planning.probe import ProbePlan
+def step_timing_settings(args: argparse.Namespace, chunk: int | None = None, longest: int = 0):
+    """The probe's points to time; ``chunk`` the engine's prefill chunk, ``longest`` the scenario's longest
+    prompt (timed too, chunk by chunk, when longer than a chunk: a long prompt's later chunks attend to more)."""
+    from loadgen.planning.step_timing import StepTimingSettings
 
     prefill = args.probe_prefill
     if prefill is None:
-        prefill = ProbePlan().prefill_lengths + ((min(longest, MAX_PROBE_PROMPT),) if chunk and longest > chunk else ())
+        longest_timed = (min(longest, MAX_TIMED_PROMPT),) if chunk and longest > chunk else ()
+        prefill = StepTimingSettings().prefill_lengths + longest_timed
     try:
-        return ProbePlan(batches=args.probe_batches, contexts=args.probe_contexts, output_tokens=args.probe_output,
-                         prefill_lengths=tuple(prefill), rounds=args.probe_rounds, chunk=chunk)
+        return StepTimingSettings(batches=args.probe_batches, contexts=args.probe_contexts,
+                                  output_tokens=args.probe_output, prefill_lengths=tuple(prefill),
+                                  rounds=args.probe_rounds, chunk=chunk)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
 
-def run_calibration(args: argparse.Namespace, engine_opts: dict[str, Any], scn, eng):
-    """The probe and the load points against ``--calibrate`` (a URL, or the scenario's engine started here)."""
+def fit_to_target(args: argparse.Namespace, engine_opts: dict[str, Any], scn, eng):
+    """The step-time fit to ``--calibrate``'s target (a URL, or the scenario's engine started here): the probe's
+    timed points, then the load points."""
     from loadgen.planning.load_point import LoadPointPlan
     from loadgen.target.embedded import EmbeddedEngine
 
-    plan = probe_plan(args, eng.chunk, scn.synthetic.input_len.longest)
+    settings = step_timing_settings(args, eng.chunk, scn.synthetic.input_len.longest)
     try:
         fracs = tuple(float(x) for x in str(args.load_point).split(",") if x.strip())
         point = None if fracs in ((), (0.0,)) else LoadPointPlan(fracs, args.load_point_s)
     except ValueError as e:
         raise UsageError(f"--load-point {args.load_point!r} / --load-point-s: {e}") from None
     with tempfile.TemporaryDirectory(prefix="slobench-plan-") as tmp:
-        if args.calibrate == "embedded":
+        if args.timing_target == "embedded":
             with EmbeddedEngine(engine_opts, log_path=Path(tmp) / "engine.log") as url:
-                return _calibrate(url, plan, point, scn, eng, Path(tmp), None)
-        if not args.calibrate.startswith(("http://", "https://")):
-            raise UsageError(f"--calibrate {args.calibrate!r}: expected http://HOST:PORT or 'embedded'")
-        return _calibrate(args.calibrate, plan, point, scn, eng, Path(tmp), scn.model)
+                return _time_and_fit(url, settings, point, scn, eng, Path(tmp), None)
+        if not args.timing_target.startswith(("http://", "https://")):
+            raise UsageError(f"--calibrate {args.timing_target!r}: expected http://HOST:PORT or 'embedded'")
+        return _time_and_fit(args.timing_target, settings, point, scn, eng, Path(tmp), scn.model)
 
 
-def _calibrate(url: str, plan, point, scn, eng, work: Path, model: str | None):
+def _time_and_fit(url: str, settings, point, scn, eng, work: Path, model: str | None):
     from loadgen.planning.load_point import run_load_points, scaled
     from loadgen.planning.planner import slos_of
-    from loadgen.planning.probe import calibrate
+    from loadgen.planning.step_timing import fit_step_times
 
-    cal = calibrate(url, plan, work, model)
+    timed = fit_step_times(url, settings, work, model)
     if point is None:
-        return cal
+        return timed
     try:
         def started(k: int, rate: float, n: int) -> None:
             print(f"load point {k + 1}/{len(point.fracs)}: {n} requests at {rate:.3g} req/s for "
                   f"{point.duration_s:g} s ...", file=sys.stderr, flush=True)
 
-        points = run_load_points(url, scn, eng, cal.model, slos_of(scn), point, work, model, started)
+        points = run_load_points(url, scn, eng, timed.model, slos_of(scn), point, work, model, started)
     except ValueError as e:  # the target answered too little, or the fit predicts no load: a calibration failure
         raise RuntimeError(f"load point: {e} (--load-point 0 skips them)") from None
-    cal.probe_model, cal.model, cal.load_points = cal.model, scaled(cal.model, points[-1].factor), points
-    cal.wall_s += sum(p.wall_s for p in points)
-    return cal
+    timed.unscaled_model = timed.model
+    timed.model = scaled(timed.model, points[-1].factor)
+    timed.load_points = points
+    timed.wall_s += sum(p.wall_s for p in points)
+    return timed
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -215,7 +225,7 @@ def build(args: argparse.Namespace) -> dict:
     from loadgen.scenario.builtin import resolve_scenario
     from loadgen.scenario.parse import load_scenario
 
-    if args.hardware is None and args.calibrate is None:
+    if args.hardware is None and args.timing_target is None:
         raise UsageError("give --hardware NAME (or host) for the theory, --calibrate TARGET_URL for a fit, or both")
     for name, v, lo in (("--requests", args.requests, 100), ("--draws", args.draws, 1), ("--tp", args.tp or 1, 1)):
         if v < lo:
@@ -255,16 +265,16 @@ def build(args: argparse.Namespace) -> dict:
     models: dict[str, Any] = {}
     if hw is not None:
         models["theory"] = Roofline(shape, hw, tp, args.overhead_ms / 1e3)
-    calibration = None
-    if args.calibrate is not None:
-        calibration = run_calibration(args, engine_opts, scn, eng)
-        if calibration.probe_model is not None:  # the probe's fit alone beside it: what the load points changed
-            models["probe"] = calibration.probe_model
-        models["calibrated"] = calibration.model
+    step_time_fit = None
+    if args.timing_target is not None:
+        step_time_fit = fit_to_target(args, engine_opts, scn, eng)
+        if step_time_fit.unscaled_model is not None:  # the probe's fit alone beside it: what the load points changed
+            models["probe"] = step_time_fit.unscaled_model
+        models["calibrated"] = step_time_fit.model
     inp = PlanInputs(scn, shape, eng, hw, tp, args.target_rps, headroom,
                      requests=args.requests, draws=args.draws, seed=scn.seed if args.seed is None else args.seed)
     plan = make_plan(inp, models)
-    plan["calibration"] = calibration.as_dict() if calibration else None
+    plan["calibration"] = step_time_fit.as_dict() if step_time_fit else None
     if args.capacity_run is not None:
         summary = read_capacity_run(args.capacity_run)
         preds = {k: m.pop("predictor") for k, m in plan["models"].items()}

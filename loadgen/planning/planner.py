@@ -42,7 +42,7 @@ def slos_of(scn: Scenario) -> dict:
 
 
 def closed_form(inp: PlanInputs, model: StepModel, reqs: Requests) -> dict:
-    """Memory, KV, batch, step times, the seed's throughput and the Erlang-C SLO load, per replica."""
+    """Memory, KV, batch, step times, the design claims' throughput and the Erlang-C SLO load, per replica."""
     eng, shape, scn = inp.engine, inp.shape, inp.scenario
     kv = theory.request_kv(reqs, eng.block_size, eng.enable_prefix_caching)
     pool = eng.kv_tokens

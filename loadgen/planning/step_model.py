@@ -46,7 +46,7 @@ class Roofline:
 @dataclass(frozen=True)
 class LinearStep:
     """Step time = const + per_seq x sequences + per_token x new tokens + per_pair x attention pairs, fitted
-    to measured steps (``probe.fit``)."""
+    to measured steps (``step_timing.fit``)."""
 
     const_s: float
     per_seq_s: float

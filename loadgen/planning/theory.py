@@ -7,7 +7,7 @@
   system prompt's full blocks are counted once per distinct prompt, not per request (prefix sharing);
 - the largest batch memory allows = (pool - shared prompts) / per-request KV, at most ``max_num_seqs``;
 - a step costs the step model's time (theory: overhead + max(bytes / bandwidth, FLOPs / compute));
-- throughput (the seed's formula): requests/s = batch / (steps a request holds a slot x step time), output
+- throughput (the design claims' formula): requests/s = batch / (steps a request holds a slot x step time), output
   tokens/s = batch x (1 / step time) x the mean output rate (tokens a slot yields per step: L / (L - 1 +
   prefill steps)); prefill tokens interleave with decodes, so the step time is solved self-consistently;
 - TTFT ~ queue + prefill: the queue is an M/M/c one (c = the batch, the service time a request's slot
@@ -91,7 +91,8 @@ class Throughput:
 
 
 def throughput(model: StepModel, batch: int, kv: RequestKV, chunk: int | None) -> Throughput:
-    """The seed's formula at a full batch, the step time solved with the prefill tokens it carries."""
+    """The design claims' throughput formula at a full batch, the step time solved with the prefill tokens it
+    carries."""
     pre_steps = -(-int(round(kv.mean_uncached_in)) // chunk) if chunk else 1
     held = kv.mean_out - 1 + pre_steps  # steps a request holds its slot
     ctx = kv.mean_in + kv.mean_out / 2  # mean context of a running request

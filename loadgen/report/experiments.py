@@ -35,7 +35,7 @@ def _rows(exp: dict[str, Any]) -> str:
         verdict = '<span class="yes">yes</span>' if f["holds"] else '<span class="no">no</span>'
         note = f'<div class="note">{html.escape(f["note"])}</div>' if f["note"] else ""
         out.append(f"<tr><td><b>{html.escape(exp['name'])}</b><br>{html.escape(f['claim'])} "
-                   f"(seed: {html.escape(f['seed_figure'])})</td><td>{html.escape(f['setting'])}</td>"
+                   f"(claimed: {html.escape(f['seed_figure'])})</td><td>{html.escape(f['setting'])}</td>"
                    f"<td>{html.escape(f['measured'])}</td><td>{verdict}{note}"
                    f"<div class=\"note\">rule: {html.escape(f['rule'])}</div></td></tr>")
     return "".join(out)

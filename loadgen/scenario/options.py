@@ -1,8 +1,8 @@
 """The capacity search's and its steps' options, as a scenario's ``search`` section gives them.
 
 They live here, below ``loadgen.capacity``, because the scenario parser builds them and scenario may not
-import capacity; ``loadgen.capacity.search`` runs on a :class:`SearchConfig` and the capacity plan
-carries both.
+import capacity; ``loadgen.capacity.search`` runs on a :class:`SearchConfig` and the capacity settings
+(``loadgen.capacity.settings``) carry both.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.target.access import Access, check_target
-from loadgen.target.probe import PROBE_TEXT, Capabilities, probe
+from loadgen.target.capabilities import PROBE_TEXT, Capabilities, probe_capabilities
 from loadgen.target.request_shape import (
     RequestShape,
     TargetFit,
@@ -106,7 +106,7 @@ def _prepare(target: str, model: str, specs: list[RequestSpec], opts: TargetOpti
                                          else "none: about one token per word")
             prepared.warnings.append(HISTORY_NOTE.format(kind="text"))
         return prepared
-    caps = asyncio.run(probe(target, model, headers, endpoint=opts.endpoint, extra_body=opts.extra_body))
+    caps = asyncio.run(probe_capabilities(target, model, headers, endpoint=opts.endpoint, extra_body=opts.extra_body))
     fit = fit_request_shape(caps, explicit=opts.explicit, uses_tiers=bool(tiers),
                             token_prompts=any(s.kind == "tokens" for s in specs), endpoint=opts.endpoint,
                             priorities=wanted_priorities(tiers, caps.server, opts))

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.request.tiers import TIER_NAME_RANK
-from loadgen.target.probe import ENDPOINT_PATHS, Capabilities
+from loadgen.target.capabilities import ENDPOINT_PATHS, Capabilities
 
 # servers that serve the highest priority value first (SGLang, unless --schedule-low-priority-values-first);
 # vLLM, and any server not recognised, serve the lowest first

@@ -12,13 +12,13 @@ import pytest
 
 from loadgen.commands.common import UsageError
 from loadgen.commands.plan import build, cmd_plan, register
-from loadgen.planning.probe import ProbePlan, calibrate
 from loadgen.planning.step_model import decode_step_s, prefill_s
+from loadgen.planning.step_timing import StepTimingSettings, fit_step_times
 from loadgen.target.embedded import EmbeddedEngine
 
 REPO = Path(__file__).resolve().parents[2]
-SHORT = ProbePlan(batches=(1, 6), contexts=(32, 160), output_tokens=12, prefill_lengths=(32, 96, 200), rounds=2,
-                  prefill_repeats=3)
+SHORT = StepTimingSettings(batches=(1, 6), contexts=(32, 160), output_tokens=12, prefill_lengths=(32, 96, 200),
+                           rounds=2, prefill_repeats=3)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -35,7 +35,7 @@ def engine(tmp_path_factory):
 
 @pytest.mark.slow
 def test_probe_fits_a_sane_step_model(engine, tmp_path):
-    cal = calibrate(engine, SHORT, tmp_path)
+    cal = fit_step_times(engine, SHORT, tmp_path)
     m = cal.model
     assert len(cal.observations) == len(SHORT.batches) * len(SHORT.contexts) + len(SHORT.prefill_lengths)
     assert cal.source == "server timing"  # the engine's own per-request timing
@@ -143,12 +143,13 @@ def test_a_capacity_run_gets_the_prediction_in_its_report(tmp_path):
 def test_the_probe_covers_the_scenarios_longest_prompt():
     """By default the probe adds the scenario's longest prompt (at most 4096 tokens) when a prefill chunk
     cannot hold it, so the fit sees a long prompt's later chunks; --probe-prefill replaces the lengths."""
-    from loadgen.commands.plan import probe_plan
+    from loadgen.commands.plan import step_timing_settings
 
     args = parse("loadgen/scenarios/long-prompt-burst.yaml", "--hardware", "host")
-    assert probe_plan(args, 256, 1024).prefill_lengths == (32, 128, 256, 1024)
-    assert probe_plan(args, 256, 1024).chunk == 256
-    assert probe_plan(args, 256, 100_000).prefill_lengths[-1] == 4096
-    assert probe_plan(args, 256, 200).prefill_lengths == probe_plan(args, None, 1024).prefill_lengths == (32, 128, 256)
+    assert step_timing_settings(args, 256, 1024).prefill_lengths == (32, 128, 256, 1024)
+    assert step_timing_settings(args, 256, 1024).chunk == 256
+    assert step_timing_settings(args, 256, 100_000).prefill_lengths[-1] == 4096
+    assert (step_timing_settings(args, 256, 200).prefill_lengths
+            == step_timing_settings(args, None, 1024).prefill_lengths == (32, 128, 256))
     own = parse("loadgen/scenarios/long-prompt-burst.yaml", "--hardware", "host", "--probe-prefill", "64,512")
-    assert probe_plan(own, 256, 1024).prefill_lengths == (64, 512)
+    assert step_timing_settings(own, 256, 1024).prefill_lengths == (64, 512)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.drivers.locust.plan import Plan
+from loadgen.drivers.locust.stages import StagedLoad
 from loadgen.results import latency
 from loadgen.results.slo import slo_key
 
@@ -81,7 +81,7 @@ class Collector:
     """The master's view: every record (written to ``requests.jsonl`` as it arrives), counters summed
     over the sending processes, and per-stage TTFT samples for the SLO."""
 
-    def __init__(self, out_dir: str | Path, plan: Plan, quantile_: float = 0.99, warmup_s: float = 0.0):
+    def __init__(self, out_dir: str | Path, plan: StagedLoad, quantile_: float = 0.99, warmup_s: float = 0.0):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.req_path = self.out_dir / "requests.jsonl"

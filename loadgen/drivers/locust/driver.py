@@ -22,7 +22,7 @@ from pathlib import Path
 
 from loadgen.drivers.base import Progress, RecordSink
 from loadgen.drivers.http_request import ClientConfig
-from loadgen.drivers.locust.plan import write_specs
+from loadgen.drivers.locust.stages import write_specs
 from loadgen.results.records import RequestRecord
 from loadgen.target.access import check_target
 from loadgen.workload.specs import RequestSpec

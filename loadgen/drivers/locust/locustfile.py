@@ -33,8 +33,8 @@ from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
 from loadgen.drivers.locust.collect import bucket_3_significant
-from loadgen.drivers.locust.plan import parse_steps, plan_from_scenario, plan_from_specs_file
 from loadgen.drivers.locust.shape import CONTROL, MSG_START, MSG_STOP, SLORampShape, start_sending, stop_local
+from loadgen.drivers.locust.stages import parse_steps, staged_load_from_scenario, staged_load_from_specs_file
 from loadgen.drivers.locust.users import STATE, ClosedLoopUser, OpenLoopDriver
 
 __all__ = ["ClosedLoopUser", "OpenLoopDriver", "SLORampShape"]
@@ -104,10 +104,11 @@ def build_plan(opts: dict):
     key = tuple(opts.get(k) for k in ("scenario", "specs", "steps", "step_s", "seed", "model"))
     if key not in _plans:
         if opts.get("specs"):
-            _plans[key] = plan_from_specs_file(opts["specs"])
+            _plans[key] = staged_load_from_specs_file(opts["specs"])
         elif opts.get("scenario"):
-            _plans[key] = plan_from_scenario(opts["scenario"], steps=parse_steps(opts.get("steps")),
-                                             step_s=opts.get("step_s"), seed=opts.get("seed"), model=opts.get("model"))
+            _plans[key] = staged_load_from_scenario(opts["scenario"], steps=parse_steps(opts.get("steps")),
+                                                    step_s=opts.get("step_s"), seed=opts.get("seed"),
+                                                    model=opts.get("model"))
         else:
             raise ValueError("give --slobench-scenario FILE (or SLOBENCH_SCENARIO)")
     return _plans[key]

@@ -21,7 +21,7 @@ from locust import LoadTestShape
 from locust.runners import MasterRunner
 
 from loadgen.drivers.locust.collect import Collector
-from loadgen.drivers.locust.plan import Plan
+from loadgen.drivers.locust.stages import StagedLoad
 from loadgen.drivers.locust.users import STATE, ClosedLoopUser, OpenLoopDriver, apply_client_settings, client_config
 from loadgen.results.rundir import write_summary
 from loadgen.target.access import check_target
@@ -37,7 +37,7 @@ class Control:
     def __init__(self) -> None:
         self.env = None
         self.opts: dict[str, Any] = {}
-        self.plan: Plan | None = None
+        self.plan: StagedLoad | None = None
         self.build_s = 0.0
         self.reset()
 
@@ -216,7 +216,7 @@ class Control:
 CONTROL = Control()
 
 
-def start_sending(plan: Plan, index: int, count: int, t0_wall: float, opts: dict[str, Any], env) -> None:
+def start_sending(plan: StagedLoad, index: int, count: int, t0_wall: float, opts: dict[str, Any], env) -> None:
     cfg = client_config(opts)
     apply_client_settings(cfg)
     STATE.start(plan, index, count, t0_wall, cfg, opts["model"], env.events)

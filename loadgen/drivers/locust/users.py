@@ -36,7 +36,7 @@ from loadgen.drivers import client_cancel
 from loadgen.drivers.conversations import Conversation, fill_record, renamed, units
 from loadgen.drivers.http_request import ClientConfig, build_body, retry_after
 from loadgen.drivers.locust.collect import Tally
-from loadgen.drivers.locust.plan import Plan, Stage, shard
+from loadgen.drivers.locust.stages import Stage, StagedLoad, shard
 from loadgen.drivers.stream_recorder import StreamRecorder
 from loadgen.results import latency
 from loadgen.results.outcomes import SHED_HTTP
@@ -64,7 +64,7 @@ class ClientCancel(Exception):
 class ProcState:
     """This process's part of the run: set when the start message arrives."""
 
-    plan: Plan | None = None
+    plan: StagedLoad | None = None
     index: int = 0
     count: int = 1
     t0: float = 0.0  # run start on this process's monotonic clock
@@ -79,7 +79,7 @@ class ProcState:
     cfg_headers: dict = field(default_factory=lambda: {"Content-Type": "application/json"})
     _closed_next: dict[int, Any] = field(default_factory=dict)
 
-    def start(self, plan: Plan, index: int, count: int, t0_wall: float, cfg: ClientConfig, model: str,
+    def start(self, plan: StagedLoad, index: int, count: int, t0_wall: float, cfg: ClientConfig, model: str,
               events: Any) -> None:
         self.plan, self.index, self.count, self.cfg, self.model, self.events = plan, index, count, cfg, model, events
         self.t0 = now() + (t0_wall - time.time())

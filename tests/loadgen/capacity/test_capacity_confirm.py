@@ -38,13 +38,13 @@ def test_exact_window_counts_offer_the_step_s_load_whichever_mark_the_warm_up_en
     """``search.window_counts: exact``: a capacity step's arrivals are counted exactly at every time its warm-up
     may end and at its planned end, so every window the warm-up can leave offers exactly the step's load; the
     default (drawn) leaves the count to the draw, and a closed-loop search has no schedule to count."""
-    from loadgen.capacity.plan import CapacityPlan
+    from loadgen.capacity.settings import CapacitySettings
 
     base = ("name: w\nseed: 4\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
             "search: {step_duration_s: 20, warmup_s: 3%s}\n")
     p = tmp_path / "s.yaml"
     p.write_text(base % ", window_counts: exact")
-    plan = CapacityPlan.from_scenario(load_scenario(p))
+    plan = CapacitySettings.from_scenario(load_scenario(p))
     assert plan.count_marks == (3.0, 4.0, 5.0, 6.0, 20.0)
     for draw in (1, 2, 3):
         t = np.array([s.arrival_s for s in step_specs(plan.scenario, "rate", 53.8, 5, 0.0, 20.0, draw=draw,
@@ -52,9 +52,9 @@ def test_exact_window_counts_offer_the_step_s_load_whichever_mark_the_warm_up_en
         for w0 in plan.count_marks[:-1]:
             assert int(((t >= w0) & (t < 20.0)).sum()) == round(53.8 * 20.0) - round(53.8 * w0)
     p.write_text(base % "")
-    assert CapacityPlan.from_scenario(load_scenario(p)).count_marks == ()
+    assert CapacitySettings.from_scenario(load_scenario(p)).count_marks == ()
     p.write_text(base % ", window_counts: exact, axis: concurrency")
-    assert CapacityPlan.from_scenario(load_scenario(p)).count_marks == ()
+    assert CapacitySettings.from_scenario(load_scenario(p)).count_marks == ()
 
 
 def test_a_trace_draw_is_the_next_slice_of_its_rows(tmp_path):

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.run import build_summary, disturbance, offered_rate, over_budget, rate_interval
 from loadgen.capacity.search import CapacitySearch, StepResult
+from loadgen.capacity.settings import CapacitySettings
 from loadgen.scenario.parse import load_scenario
 from tests.helpers import slobench
 
@@ -23,11 +23,11 @@ def plan(tmp_path):
 
 
 def rated_plan(tmp_path):
-    """A one-tier capacity plan (standard p99 TTFT 300 ms, a ramp from 2 req/s on common arrivals)."""
+    """One-tier capacity settings (standard p99 TTFT 300 ms, a ramp from 2 req/s on common arrivals)."""
     p = tmp_path / "s.yaml"
     p.write_text("name: r\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
                  "search: {start: 2, growth: 2, tolerance: 0.05, arrivals: common}\nclient: {lateness_bound_ms: 10}\n")
-    return CapacityPlan.from_scenario(load_scenario(p))
+    return CapacitySettings.from_scenario(load_scenario(p))
 
 
 def detail(load, draw, *, late_ms=1.0, sparse=0.88):
@@ -111,13 +111,13 @@ def test_over_budget_takes_the_longest_full_step_as_the_next_ones_length(tmp_pat
     p = tmp_path / "b.yaml"
     p.write_text("name: b\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
                  "search: {step_duration_s: 10, max_duration_s: 60}\n")
-    plan = CapacityPlan.from_scenario(load_scenario(p))
+    plan = CapacitySettings.from_scenario(load_scenario(p))
     assert over_budget(plan, 49.0, []) is None  # 49 + 10 (step_duration_s) fits in 60
     assert over_budget(plan, 49.0, [12.0, 4.0]) == ("the time budget ended the search (search.max_duration_s "
                                                     "60 s: 49 s in, the next step would take about 12 s)")
     assert over_budget(plan, 51.0, []) is not None
     p.write_text(p.read_text().replace(", max_duration_s: 60", ""))
-    assert over_budget(CapacityPlan.from_scenario(load_scenario(p)), 1e6, [1e6]) is None  # no budget: never
+    assert over_budget(CapacitySettings.from_scenario(load_scenario(p)), 1e6, [1e6]) is None  # no budget: never
 
 
 def test_rate_interval_from_the_summary(plan):

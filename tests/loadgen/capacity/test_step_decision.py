@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from loadgen.capacity.early_stop import StepLooks
-from loadgen.capacity.plan import CapacityPlan
+from loadgen.capacity.settings import CapacitySettings
 from loadgen.capacity.steady import SteadyState, steady_time, trending
 from loadgen.capacity.step import record_decision
 from loadgen.capacity.step_stats import StepWindow, disturbance_of, step_detail
@@ -109,11 +109,11 @@ def test_false_breach_rate_at_the_threshold_is_within_alpha(kind):
 # ------------------------------------------------------------------ a step's looks over records
 
 
-def plan(tmp_path, extra: str = "") -> CapacityPlan:
+def plan(tmp_path, extra: str = "") -> CapacitySettings:
     p = tmp_path / "s.yaml"
     p.write_text("name: t\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
                  f"search: {{start: 4, step_duration_s: 20, warmup_s: 2{extra}}}\n")
-    return CapacityPlan.from_scenario(load_scenario(p))
+    return CapacitySettings.from_scenario(load_scenario(p))
 
 
 def recs(n: int, w0: float, gap: float, ttft: float, over_every: int = 0) -> list[RequestRecord]:

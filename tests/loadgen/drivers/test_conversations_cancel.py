@@ -12,7 +12,7 @@ from aiohttp import web
 
 from loadgen.drivers.conversations import TEXT_TURN_SEPARATOR, shard, units
 from loadgen.drivers.http_request import ClientConfig
-from loadgen.drivers.locust.plan import shard as locust_shard
+from loadgen.drivers.locust.stages import shard as locust_shard
 from loadgen.drivers.replayer import Replayer
 from loadgen.drivers.sharded import ShardedReplayer
 from loadgen.results import latency

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from loadgen.drivers.locust.collect import Collector, bucket_3_significant
-from loadgen.drivers.locust.plan import plan_from_scenario, plan_from_specs, shard
+from loadgen.drivers.locust.stages import shard, staged_load_from_scenario, staged_load_from_specs
 from loadgen.results.latency import quantile
 from loadgen.results.records import read_records
 from loadgen.results.summary import summarize
@@ -64,7 +64,7 @@ def test_plan_matches_slobench_run_and_shards_cover_the_schedule(tmp_path):
                            "tiers: {premium: {weight: 1, slo: {ttft_ms: 300}}, basic: {weight: 2}}\n"
                            "load: {arrival: gamma, burstiness: 0.5, rate: 30, requests: 50}\n")
     specs, _ = load_scenario(p).build()
-    plan = plan_from_scenario(p)
+    plan = staged_load_from_scenario(p)
     assert [(s.id, s.arrival_s, s.prompt, s.tier) for s in plan.stages[0].specs] == \
         [(s.id, s.arrival_s, s.prompt, s.tier) for s in specs]  # the very schedule the aiohttp replayer sends
     assert plan.tier_slos == {"premium": {"ttft_ms": 300.0}} and plan.planned == 50
@@ -72,19 +72,19 @@ def test_plan_matches_slobench_run_and_shards_cover_the_schedule(tmp_path):
     parts = [shard(sched, i, 3) for i in range(3)]
     assert sorted(sp.id for part in parts for _, sp in part) == sorted(sp.id for sp in specs)
     # a ramp: one seeded schedule per step, at that step's rate, on one timeline
-    ramp = plan_from_scenario(p, steps=[10, 40], step_s=4.0)
+    ramp = staged_load_from_scenario(p, steps=[10, 40], step_s=4.0)
     s0, s1 = ramp.stages
     assert (s0.start_s, s1.start_s, s1.load) == (0.0, 4.0, 40)
     assert all(0 <= x.arrival_s < 4 for x in s0.specs) and all(4 <= x.arrival_s < 8 for x in s1.specs)
     assert 2 < len(s1.specs) / len(s0.specs) < 8 and all(x.id.startswith("s1-") for x in s1.specs)
-    assert plan_from_scenario(p, steps=[10, 40], step_s=4.0).stages[1].specs[5].prompt == s1.specs[5].prompt
+    assert staged_load_from_scenario(p, steps=[10, 40], step_s=4.0).stages[1].specs[5].prompt == s1.specs[5].prompt
 
 
 def test_collector_judges_the_ttft_slo_with_failures_as_broken_promises(tmp_path):
     specs, _ = load_scenario(scenario(tmp_path, "name: t\nworkload: {input_len: 4, output_len: 2}\n"
                                                 "tiers: {premium: {weight: 1, slo: {ttft_ms: 100}}}\n"
                                                 "load: {arrival: constant, rate: 100, requests: 100}\n")).build()
-    plan = plan_from_specs(specs, tier_slos={"premium": {"ttft_ms": 100.0}})
+    plan = staged_load_from_specs(specs, tier_slos={"premium": {"ttft_ms": 100.0}})
     col = Collector(tmp_path / "out", plan, 0.99)
 
     def rec(i, ttft_ms, status="ok"):
@@ -114,7 +114,7 @@ def test_collector_judges_a_mean_ttft_slo(tmp_path):
     specs, _ = load_scenario(scenario(tmp_path, "name: t\nworkload: {input_len: 4, output_len: 2}\n"
                                                 "tiers: {premium: {weight: 1}}\n"
                                                 "load: {arrival: constant, rate: 100, requests: 10}\n")).build()
-    plan = plan_from_specs(specs, tier_slos={"premium": {"ttft_ms@mean": 100.0}})
+    plan = staged_load_from_specs(specs, tier_slos={"premium": {"ttft_ms@mean": 100.0}})
     col = Collector(tmp_path / "out", plan, 0.99)
 
     def rec(i, ttft_ms):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from loadgen.drivers.locust.plan import plan_from_scenario
+from loadgen.drivers.locust.stages import staged_load_from_scenario
 from loadgen.scenario.parse import load_scenario
 from loadgen.scenario.steps import step_specs
 from loadgen.workload.traces import load_trace
@@ -29,7 +29,7 @@ def test_locust_ramp_scales_trace_lengths_by_the_scenario():
     scn = load_scenario(SCENARIO)
     sh = scn.shaping
     assert (sh.input_scale, sh.output_scale, sh.max_input_len, sh.max_output_len) == (1 / 32, 1 / 8, 2048, 64)
-    plan = plan_from_scenario(SCENARIO, steps=STEPS, step_s=STEP_S)
+    plan = staged_load_from_scenario(SCENARIO, steps=STEPS, step_s=STEP_S)
     raw = {sp.id: sp for sp in _unshaped(scn, None)}
     for stage in plan.stages:
         assert len(stage.specs) > 10
@@ -46,7 +46,7 @@ def test_locust_ramp_and_capacity_step_give_a_trace_row_the_same_lengths():
     scn = load_scenario(SCENARIO)
     load = STEPS[0]
     cap = {sp.id.split("-", 1)[1]: sp for sp in step_specs(scn, "rate", load, 0, 0.0, STEP_S)}
-    ramp = {sp.id.split("-", 1)[1]: sp for sp in plan_from_scenario(SCENARIO, steps=[load], step_s=STEP_S)
+    ramp = {sp.id.split("-", 1)[1]: sp for sp in staged_load_from_scenario(SCENARIO, steps=[load], step_s=STEP_S)
             .stages[0].specs}
     both = sorted(set(cap) & set(ramp))
     assert len(both) > 10
@@ -56,7 +56,7 @@ def test_locust_ramp_and_capacity_step_give_a_trace_row_the_same_lengths():
 
 def test_locust_ramp_spreads_the_trace_time_buckets():
     scn = load_scenario(SCENARIO)
-    plan = plan_from_scenario(SCENARIO, steps=STEPS, step_s=STEP_S)
+    plan = staged_load_from_scenario(SCENARIO, steps=STEPS, step_s=STEP_S)
     for stage in plan.stages:
         raw = [sp.arrival_s for sp in _unshaped(scn, stage.load) if sp.arrival_s < STEP_S]
         assert len(set(raw)) < len(raw) / 2  # the trace itself: many requests share each bucket's timestamp

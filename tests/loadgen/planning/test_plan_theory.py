@@ -105,7 +105,7 @@ def test_every_accelerator_has_its_spec_sheet_figures():
 def test_a_long_prompts_probe_point_sums_its_chunks_steps():
     """A prompt longer than the prefill chunk is several steps, each chunk attending to what came before:
     1,024 tokens in 256-token chunks are 4 steps, 1,024 new tokens and sum 256 x (256 k + 128.5) pairs."""
-    from loadgen.planning.probe import prefill_features
+    from loadgen.planning.step_timing import prefill_features
 
     assert prefill_features(1024, 256) == (4.0, 4.0, 1024.0, 256 * sum(256 * k + 128.5 for k in range(4)))
     assert prefill_features(100, 256) == prefill_features(100, None) == (1.0, 1.0, 100.0, 100 * 101 / 2)

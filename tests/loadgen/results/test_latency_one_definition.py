@@ -13,7 +13,7 @@ import pytest
 
 from loadgen.capacity.step_stats import tier_entry
 from loadgen.drivers.locust.collect import Collector
-from loadgen.drivers.locust.plan import plan_from_specs
+from loadgen.drivers.locust.stages import staged_load_from_specs
 from loadgen.report import data as report_data
 from loadgen.results import latency
 from loadgen.results.records import RequestRecord
@@ -125,7 +125,7 @@ def test_summary_capacity_report_and_locust_agree_exactly(tmp_path):
     table = {row["tier"]: row for row in report_data.tier_table(rd)}
 
     specs = [RequestSpec(r.id, r.scheduled_s, [1, 2], 4, tier=r.tier) for r in recs]
-    col = Collector(tmp_path / "locust", plan_from_specs(specs, tier_slos=slos), 0.99)
+    col = Collector(tmp_path / "locust", staged_load_from_specs(specs, tier_slos=slos), 0.99)
     col.feed("w", {"records": [r.to_json() for r in recs], "counters": {}, "finished": True})
     locust_q = {j.tier: j.value_ms for j in col.judge(0, final=True)}
     col.close()

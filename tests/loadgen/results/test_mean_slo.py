@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from loadgen.capacity.early_stop import MEAN_MIN_SAMPLES, StepLooks, clear_pass_reason, min_samples
-from loadgen.capacity.plan import CapacityPlan
 from loadgen.capacity.rating import rate
+from loadgen.capacity.settings import CapacitySettings
 from loadgen.capacity.step_stats import goodput_rps, tier_entry
 from loadgen.results.records import RequestRecord
 from loadgen.results.slo import SLO, breach_certain, judge, mean_slos, per_request_slos
@@ -116,12 +116,12 @@ def test_a_certain_breach_of_a_mean_counts_what_is_to_come_as_zero():
     assert breach_certain(np.array([1.0, math.inf]), 100, MEAN_TPOT)  # a failed request: certain
 
 
-def mean_plan(tmp_path, slo: str = "{tpot_ms: {threshold: 50, statistic: mean}}") -> CapacityPlan:
+def mean_plan(tmp_path, slo: str = "{tpot_ms: {threshold: 50, statistic: mean}}") -> CapacitySettings:
     p = tmp_path / "s.yaml"
     p.write_text(f"name: t\nworkload: {{input_len: 8, output_len: 5}}\ntiers: {{standard: {{slo: {slo}}}}}\n"
                  "search: {start: 4, step_duration_s: 20, warmup_s: 2}\n")
     from loadgen.scenario.parse import load_scenario
-    return CapacityPlan.from_scenario(load_scenario(p))
+    return CapacitySettings.from_scenario(load_scenario(p))
 
 
 def test_the_looks_stop_a_step_at_a_certain_breach_of_its_mean(tmp_path):

@@ -1,5 +1,6 @@
-"""The calibration probe: measure a running target's step times at a few fixed batch sizes and prompt
-lengths, and fit the step-time model the simulation prices steps with.
+"""Step timing: a running target's engine step times measured at a few fixed batch sizes and prompt lengths
+(the plan's probe, ``slobench plan --calibrate``, its points set by ``--probe-*``), and the step-time model
+(``step_model.LinearStep``) fitted to them, which the simulation prices engine steps with.
 
 Decode points: ``batch`` closed-loop users each send ``rounds`` requests of a fixed prompt length and
 ``output_tokens`` tokens (EOS ignored), so about ``batch`` sequences decode together; a request's decode
@@ -39,7 +40,10 @@ FEATURES = ("const_s", "per_seq_s", "per_token_s", "per_pair_s")
 
 
 @dataclass(frozen=True)
-class ProbePlan:
+class StepTimingSettings:
+    """Which points to time (decode: each batch size at each prompt length; prefill: each prompt length alone)
+    and how many requests each gets."""
+
     batches: tuple[int, ...] = (1, 8, 32)
     contexts: tuple[int, ...] = (64, 384)  # decode points' prompt lengths
     output_tokens: int = 32
@@ -58,7 +62,9 @@ class ProbePlan:
 
 
 @dataclass(frozen=True)
-class Point:
+class TimingPoint:
+    """One point to time: a batch of closed-loop users decoding, or one prompt prefilled alone."""
+
     kind: str  # decode | prefill
     batch: int
     prompt: int
@@ -68,7 +74,7 @@ class Point:
 
 @dataclass
 class Observation:
-    point: Point
+    point: TimingPoint
     step_s: float  # the median measured step (decode) or prefill time
     features: tuple[float, float, float, float]
     requests: int  # records it was measured from
@@ -76,37 +82,42 @@ class Observation:
 
 
 @dataclass
-class Calibration:
+class StepTimeFit:
+    """The step-time model fitted to the timed points (scaled by the load points when there are some)."""
+
     model: LinearStep
     observations: list[Observation]
     rel_rms: float  # the fit's root-mean-square relative error over the observations
     wall_s: float
     source: str
     dropped: list[str] = field(default_factory=list)  # coefficients fixed at 0 (they came out negative)
-    # with load points (planning/load_point.py): the probe's own fit, and the points that scaled it into ``model``
-    probe_model: LinearStep | None = None
+    # with load points (planning/load_point.py): the timed points' own fit (``probe_model`` in the plan's JSON),
+    # and the points that scaled it into ``model``
+    unscaled_model: LinearStep | None = None
     load_points: list[Any] = field(default_factory=list)  # load_point.LoadPoint
 
     def as_dict(self) -> dict:
         return {"model": self.model.as_dict(), "rel_rms": self.rel_rms, "wall_s": self.wall_s, "source": self.source,
                 "dropped": self.dropped,
-                "probe_model": self.probe_model.as_dict() if self.probe_model else None,
+                "probe_model": self.unscaled_model.as_dict() if self.unscaled_model else None,
                 "load_points": [p.as_dict() for p in self.load_points],
                 "observations": [asdict(o.point) | {"step_s": o.step_s, "requests": o.requests, "source": o.source,
                                                     "predicted_s": self.predicted(o)} for o in self.observations]}
 
     def predicted(self, o: Observation) -> float:
-        """The probe fit's time for the observation's steps (several for a chunked prefill: its features sum)."""
-        m = self.probe_model or self.model
+        """The timed points' fit's time for the observation's steps (several for a chunked prefill: its features
+        sum)."""
+        m = self.unscaled_model or self.model
         return float(np.dot([m.const_s, m.per_seq_s, m.per_token_s, m.per_pair_s], o.features))
 
 
-def points(plan: ProbePlan) -> list[Point]:
-    out = [Point("decode", b, p, plan.output_tokens, b * plan.rounds) for p in plan.contexts for b in plan.batches]
-    return out + [Point("prefill", 1, p, 1, plan.prefill_repeats) for p in plan.prefill_lengths]
+def timing_points(settings: StepTimingSettings) -> list[TimingPoint]:
+    out = [TimingPoint("decode", b, p, settings.output_tokens, b * settings.rounds)
+           for p in settings.contexts for b in settings.batches]
+    return out + [TimingPoint("prefill", 1, p, 1, settings.prefill_repeats) for p in settings.prefill_lengths]
 
 
-def specs_for(pt: Point, index: int, seed: int = 0) -> list[RequestSpec]:
+def specs_for(pt: TimingPoint, index: int, seed: int = 0) -> list[RequestSpec]:
     """Distinct random prompts (no prefix-cache hits between them), EOS ignored."""
     rng = np.random.default_rng([seed, index])
     lo, hi = DEFAULT_TOKEN_RANGE
@@ -115,7 +126,7 @@ def specs_for(pt: Point, index: int, seed: int = 0) -> list[RequestSpec]:
             for k in range(pt.requests)]
 
 
-async def _send(cfg: ClientConfig, work: list[tuple[Point, list[RequestSpec]]], path: Path) -> None:
+async def _send(cfg: ClientConfig, work: list[tuple[TimingPoint, list[RequestSpec]]], path: Path) -> None:
     with RecordWriter(path) as writer:
         driver = make_driver("aiohttp", cfg, writer)
         try:
@@ -127,16 +138,17 @@ async def _send(cfg: ClientConfig, work: list[tuple[Point, list[RequestSpec]]], 
             await driver.close()
 
 
-def measure(target: str, plan: ProbePlan, work_dir: Path, model: str | None = None) -> tuple[list[Observation], float]:
-    """Send the probe's points to ``target``; (one observation per point that has ok records, wall seconds)."""
-    pts = points(plan)
+def measure(target: str, settings: StepTimingSettings, work_dir: Path,
+            model: str | None = None) -> tuple[list[Observation], float]:
+    """Send the timing points to ``target``; (one observation per point that has ok records, wall seconds)."""
+    pts = timing_points(settings)
     work = [(pt, specs_for(pt, i)) for i, pt in enumerate(pts)]
     every = [s for _, specs in work for s in specs]
     t0 = time.monotonic()
     prepared = prepare_target(target, model, every, TargetOptions())
     prepared.adapt(every)
     cfg = ClientConfig(target, model=prepared.model, shape=prepared.shape)
-    path = Path(work_dir) / "probe-requests.jsonl"
+    path = Path(work_dir) / "step-timing-requests.jsonl"
     path.unlink(missing_ok=True)
     run_sync(lambda: _send(cfg, work, path))
     wall = time.monotonic() - t0
@@ -144,11 +156,11 @@ def measure(target: str, plan: ProbePlan, work_dir: Path, model: str | None = No
     for r in read_records(path):
         if r.get("status") == "ok":
             by_stage.setdefault(int(r["stage"]), []).append(r)
-    obs = [o for i, pt in enumerate(pts) if (o := observe(pt, by_stage.get(i, []), plan.chunk)) is not None]
+    obs = [o for i, pt in enumerate(pts) if (o := observe(pt, by_stage.get(i, []), settings.chunk)) is not None]
     return obs, wall
 
 
-def observe(pt: Point, records: list[dict], chunk: int | None = None) -> Observation | None:
+def observe(pt: TimingPoint, records: list[dict], chunk: int | None = None) -> Observation | None:
     """One point's mean step (decode) or prefill time and the mean features of the steps it spans."""
     if pt.kind == "prefill":
         return _observe_prefill(pt, records, chunk)
@@ -191,7 +203,7 @@ def prefill_features(prompt: float, chunk: int | None) -> tuple[float, float, fl
             float(sum(s[3] for s in steps)))
 
 
-def _observe_prefill(pt: Point, records: list[dict], chunk: int | None) -> Observation | None:
+def _observe_prefill(pt: TimingPoint, records: list[dict], chunk: int | None) -> Observation | None:
     vals, lens, sources = [], [], set()
     for r in records:
         srv = r.get("server") or {}
@@ -235,8 +247,10 @@ def fit(obs: list[Observation]) -> tuple[LinearStep, float, list[str]]:
     return LinearStep(*map(float, coef)), rel, dropped
 
 
-def calibrate(target: str, plan: ProbePlan, work_dir: Path, model: str | None = None) -> Calibration:
-    obs, wall = measure(target, plan, work_dir, model)
+def fit_step_times(target: str, settings: StepTimingSettings, work_dir: Path,
+                   model: str | None = None) -> StepTimeFit:
+    """Time ``target``'s engine steps at the settings' points and fit the step-time model to them."""
+    obs, wall = measure(target, settings, work_dir, model)
     step, rel, dropped = fit(obs)
     sources = " + ".join(sorted({o.source for o in obs}))
-    return Calibration(step, obs, rel, wall, sources, dropped)
+    return StepTimeFit(step, obs, rel, wall, sources, dropped)

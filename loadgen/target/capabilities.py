@@ -1,10 +1,10 @@
-"""What a target accepts, found with a few tiny requests before any load is sent.
+"""The capability probe: what a target accepts, found with a few tiny requests before any load is sent.
 
 Strict OpenAI-compatible servers (OpenAI's API, ``transformers serve``, TGI, gateways) reject fields
 they do not know (``ignore_eos``: HTTP 422 "Unexpected fields") and token-id prompts ("prompt must be
-a string"); lenient ones (vLLM, SGLang, slobench's engine) take them. ``probe`` sends one baseline
-request per endpoint and then the baseline plus one field at a time, and reads which server it is from
-``/version``, ``/v1/models`` and the names on ``/metrics``. The run then sends only what was accepted
+a string"); lenient ones (vLLM, SGLang, slobench's engine) take them. ``probe_capabilities`` sends one
+baseline request per endpoint and then the baseline plus one field at a time, and reads which server it
+is from ``/version``, ``/v1/models`` and the names on ``/metrics``. The run then sends only what was accepted
 and says in its summary what was dropped and what that means for the numbers
 (``Capabilities.notes``). Every probe request asks for 2 tokens; the whole probe takes well under a
 second against a warm server (the first request may wait for a server that loads its model lazily).
@@ -165,8 +165,8 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int | None, by
         return None, b""
 
 
-async def probe(target: str, model: str, headers: dict[str, str] | None = None, endpoint: str | None = None,
-                extra_body: dict[str, Any] | None = None) -> Capabilities:
+async def probe_capabilities(target: str, model: str, headers: dict[str, str] | None = None,
+                             endpoint: str | None = None, extra_body: dict[str, Any] | None = None) -> Capabilities:
     """Probe ``target`` (its base URL) serving ``model``; ``endpoint`` is the one the run must use
     (completions | chat | responses), None for either completions endpoint. Raises ProbeError when that
     endpoint (or, with None, neither completions endpoint) answers a plain text request; AccessError when

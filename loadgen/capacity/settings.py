@@ -1,5 +1,5 @@
-"""What a capacity run measures: the scenario's search and step options and its judged SLOs (each step's
-requests come from ``scenario.steps.step_specs``)."""
+"""A capacity run's settings: the scenario's search and load-step options and its judged SLOs (each load
+step's requests come from ``scenario.steps.step_specs``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from loadgen.scenario.options import SearchConfig, StepOptions
 
 
 @dataclass
-class CapacityPlan:
+class CapacitySettings:
     scenario: Scenario
     search: SearchConfig
     step: StepOptions
@@ -21,7 +21,7 @@ class CapacityPlan:
     lateness_bound_ms: float
 
     @classmethod
-    def from_scenario(cls, scn: Scenario) -> CapacityPlan:
+    def from_scenario(cls, scn: Scenario) -> CapacitySettings:
         search = dataclasses.replace(scn.search) if scn.search else SearchConfig()
         step = dataclasses.replace(scn.step) if scn.step else StepOptions()
         if scn.step is None:

@@ -1,4 +1,4 @@
-"""What a Locust run sends: stages of request specs on one timeline, and how they are sharded.
+"""What a Locust run sends (``StagedLoad``): stages of request specs on one timeline, and how they are sharded.
 
 Pure Python (no Locust import), so it is built identically on the master and on every worker: each
 process loads the same scenario (or the spec file ``slobench run --driver locust`` writes) and gets the
@@ -49,7 +49,9 @@ class Stage:
 
 
 @dataclass(slots=True)
-class Plan:
+class StagedLoad:
+    """A Locust run's stages, with the model they ask for and the tiers' SLOs each stage is judged on."""
+
     stages: list[Stage]
     model: str | None = None
     tier_slos: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -62,7 +64,7 @@ class Plan:
 
     @property
     def planned(self) -> int | None:
-        """Requests the whole plan sends, when that is known in advance (not for cycling pools)."""
+        """Requests all the stages send, when that is known in advance (not for cycling pools)."""
         if any(s.cycle for s in self.stages):
             return None
         return sum(len(s.specs) for s in self.stages)
@@ -102,7 +104,7 @@ def _stage(item: Any) -> int:
     return item[0] if isinstance(item, tuple) else 0
 
 
-# ------------------------------------------------------------------ building plans
+# ------------------------------------------------------------------ building the stages
 
 
 def write_specs(path: str | Path, specs: list[RequestSpec], *, concurrency: int = 0, model: str | None = None,
@@ -118,17 +120,17 @@ def write_specs(path: str | Path, specs: list[RequestSpec], *, concurrency: int 
     return path
 
 
-def plan_from_specs_file(path: str | Path) -> Plan:
+def staged_load_from_specs_file(path: str | Path) -> StagedLoad:
     with open(path, "rb") as f:
         d = pickle.load(f)  # noqa: S301 (a file this program wrote for its own child process)
-    return plan_from_specs(d["specs"], concurrency=d.get("concurrency", 0), model=d.get("model"),
+    return staged_load_from_specs(d["specs"], concurrency=d.get("concurrency", 0), model=d.get("model"),
                            tier_slos=d.get("tier_slos"), name=d.get("name", "run"), stage=d.get("stage", 0),
                            start_s=d.get("start_s", 0.0), duration_s=d.get("duration_s"))
 
 
-def plan_from_specs(specs: list[RequestSpec], *, concurrency: int = 0, model: str | None = None,
-                    tier_slos: dict | None = None, name: str = "run", stage: int = 0, start_s: float = 0.0,
-                    duration_s: float | None = None) -> Plan:
+def staged_load_from_specs(specs: list[RequestSpec], *, concurrency: int = 0, model: str | None = None,
+                           tier_slos: dict | None = None, name: str = "run", stage: int = 0, start_s: float = 0.0,
+                           duration_s: float | None = None) -> StagedLoad:
     """One fixed stage of given specs: open loop on their ``arrival_s`` (on the run's timeline), or closed
     loop with ``concurrency`` users (until the specs are done, or round them until ``duration_s`` ends)."""
     if concurrency:
@@ -137,7 +139,7 @@ def plan_from_specs(specs: list[RequestSpec], *, concurrency: int = 0, model: st
         span = (specs[-1].arrival_s - specs[0].arrival_s) if specs else 0.0
         rate = (len(specs) - 1) / span if span > 0 else float(len(specs))
         st = Stage(stage, "rate", rate, start_s, duration_s, list(specs))
-    return Plan([st], model=model, tier_slos=dict(tier_slos or {}), name=name)
+    return StagedLoad([st], model=model, tier_slos=dict(tier_slos or {}), name=name)
 
 
 def history_as_text(specs: list[RequestSpec]) -> None:
@@ -159,9 +161,9 @@ def parse_steps(text: str | None) -> list[float]:
     return out
 
 
-def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, step_s: float | None = None,
-                       seed: int | None = None, model: str | None = None) -> Plan:
-    """A scenario file as a plan. Without ``steps``: its ``load`` section, one stage, the same specs as
+def staged_load_from_scenario(path: str | Path, *, steps: list[float] | None = None, step_s: float | None = None,
+                              seed: int | None = None, model: str | None = None) -> StagedLoad:
+    """A scenario file as stages. Without ``steps``: its ``load`` section, one stage, the same specs as
     ``slobench run``. With ``steps`` (loads on the scenario's axis: req/s for open-loop arrivals, users for
     ``closed``): one stage of ``step_s`` seconds per load, each sending what a capacity step at that load
     sends (``scenario.steps.step_specs``: one arrival pattern scaled to each load, fresh prompts)."""
@@ -175,9 +177,9 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
     if not steps:
         specs, info = scn.build()
         history_as_text(specs)
-        plan = plan_from_specs(specs, concurrency=scn.arrivals.concurrency if closed else 0, **base)
-        plan.meta = {"scenario": str(path), "workload": info}
-        return plan
+        staged = staged_load_from_specs(specs, concurrency=scn.arrivals.concurrency if closed else 0, **base)
+        staged.meta = {"scenario": str(path), "workload": info}
+        return staged
     if not step_s or not step_s > 0:
         raise ValueError("a ramp (--slobench-steps) needs --slobench-step-s > 0")
     stages = []
@@ -187,4 +189,4 @@ def plan_from_scenario(path: str | Path, *, steps: list[float] | None = None, st
         specs = step_specs(scn, axis, load, k, start, step_s)
         history_as_text(specs)
         stages.append(Stage(k, axis, int(load) if closed else load, start, step_s, specs, cycle=closed))
-    return Plan(stages, meta={"scenario": str(path), "steps": steps, "step_s": step_s}, **base)
+    return StagedLoad(stages, meta={"scenario": str(path), "steps": steps, "step_s": step_s}, **base)
