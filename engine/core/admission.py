@@ -1,4 +1,7 @@
-"""SLO-aware admission: each tier's queue wait, estimated from the engine's measured service rate.
+"""SLO-aware admission's estimate: each tier's queue wait, from the engine's measured service rate.
+
+`AdmissionEstimator` estimates and decides; engine/core/admission_control.py's `AdmissionControl` holds it for
+the engine, with the counts of what is queued and running.
 
 The engine thread feeds exponentially weighted moving averages (EWMA):
 
@@ -9,11 +12,11 @@ The engine thread feeds exponentially weighted moving averages (EWMA):
 
 A new request of tier T waits behind what is queued at T's rank or above (the premium queue for premium;
 premium and standard for standard; everything for basic), counted in the scheduler's queues and the
-engine's inbox: S slots (n per request) and K prefill tokens (admitted requests not yet prefilled count
-too: the burst just let in is still ahead). F = the batch slots free to T (its slot
-limit minus those held by tiers at or above it: lower tiers are preempted for it), and the occupancy the
-queue will run at, L = min(slot limit, slots running + S). When the scheduler's last admission stopped for
-lack of KV at T's rank or above, free slots do not help: F = 0 and L = the slots running. Then
+engine's inbox: S slots (n per request) and K prefill tokens (requests in the batch not yet prefilled count
+too: the burst that just joined it is still ahead). F = the batch slots free to T (its slot limit minus
+those held by tiers at or above it: lower tiers are preempted for it), and the occupancy the queue will run
+at, L = min(slot limit, slots running + S). When requests last stopped joining the batch for lack of KV at
+T's rank or above, free slots do not help: F = 0 and L = the slots running. Then
 
     mu = L / mean(R),  wait(T) = max(max(0, S - F) / (mu - lambda_above), K / (rho - lambda_above * p_above))
 
@@ -56,19 +59,21 @@ import math
 import time
 from dataclasses import dataclass
 
-from engine.request.config import TIERS, EngineConfig
+from engine.request.admission_constants import (
+    ARRIVAL_ALPHA,
+    IDLE_FORGET_S,
+    PREFILL_ALPHA,
+    PREFILL_WINDOW_S,
+    RESIDENCE_ALPHA,
+    RETRY_AFTER_MAX_S,
+    STEP_ALPHA,
+    TAIL_FACTOR_BOUNDS,
+    TAIL_QUANTILE,
+    TAIL_STEP,
+)
+from engine.request.config import EngineConfig
 from engine.request.errors import SLOUnattainableError
-
-RESIDENCE_ALPHA = 0.05  # EWMA weight of one finished request's residence
-PREFILL_ALPHA = 0.2  # EWMA weight of one window's prefill rate
-PREFILL_WINDOW_S = 0.1  # step time a prefill-rate sample spans
-STEP_ALPHA = 0.1  # EWMA weight of one step's time
-RETRY_AFTER_MAX_S = 60
-ARRIVAL_ALPHA = 0.05  # EWMA weight of one admitted request's gap and prompt length
-TAIL_QUANTILE = 0.99  # the share of accepted requests whose TTFT in the engine should keep within the target
-TAIL_STEP = 0.05  # how far one request's outcome moves the tail factor (on a log scale)
-TAIL_FACTOR_BOUNDS = (0.5, 20.0)  # the tail factor's range: at most twice as lenient, twenty times as strict
-IDLE_FORGET_S = 0.1  # idle this long (nothing running or queued), the engine's next busy period starts at k = 1
+from engine.request.tiers import TIERS
 
 
 @dataclass
@@ -78,7 +83,7 @@ class QueueSnapshot:
     queued_slots: dict[str, int]
     queued_tokens: dict[str, int]
     running_slots: dict[str, int]
-    kv_blocked_tier: str | None = None  # the tier of the request the last admission stopped at for lack of KV
+    kv_blocked_tier: str | None = None  # the tier of the request that last could not join the batch for lack of KV
 
 
 def ewma(old: float | None, sample: float, alpha: float) -> float:
@@ -127,8 +132,10 @@ class AdmissionEstimator:
         return 1.0 / max(gap, idle)  # a tier that stopped sending stops counting
 
     def on_outcome(self, tier: str, ttft_s: float | None) -> None:
-        """An accepted request of `tier` showed its first text `ttft_s` after its arrival (None: it was shed):
-        the tail factor learns from it."""
+        """An accepted request of `tier` showed its first text `ttft_s` after its arrival (None: it was shed).
+
+        The tail factor learns from it.
+        """
         slo = self.slo_s.get(tier)
         if self.mode != "slo" or slo is None:
             return
@@ -172,15 +179,20 @@ class AdmissionEstimator:
             turnover = occupancy / self.mean_residence_s - sum(self.arrival_rate(t) for t in above)
             wait = (slots - free) / turnover if turnover > 0 else math.inf
         if self.prefill_tokens_per_s and tokens:
-            rate = self.prefill_tokens_per_s - sum(self.arrival_rate(t) * self.mean_prompt.get(t, 0.0) for t in above)
+            above_tokens_per_s = sum(self.arrival_rate(t) * self.mean_prompt.get(t, 0.0) for t in above)
+            rate = self.prefill_tokens_per_s - above_tokens_per_s
             wait = max(wait, tokens / rate if rate > 0 else math.inf)
         return wait
 
     def retry_after_s(self, tier: str, snap: QueueSnapshot) -> int:
-        """Whole seconds until a request of `tier` could expect room (Retry-After of a 429): its queue's
-        estimated wait, at least 1 and at most RETRY_AFTER_MAX_S (also when the estimate is infinite)."""
+        """Whole seconds until a request of `tier` could expect room (Retry-After of a 429).
+
+        Its queue's estimated wait, at least 1 and at most RETRY_AFTER_MAX_S (also when the estimate is infinite).
+        """
         wait = self.queue_wait_s(tier, snap)
-        return RETRY_AFTER_MAX_S if not math.isfinite(wait) else min(RETRY_AFTER_MAX_S, max(1, math.ceil(wait)))
+        if not math.isfinite(wait):
+            return RETRY_AFTER_MAX_S
+        return min(RETRY_AFTER_MAX_S, max(1, math.ceil(wait)))
 
     def ttft_s(self, tier: str, prompt_tokens: int, snap: QueueSnapshot) -> tuple[float, float]:
         """(queue wait, TTFT estimate) for a request of `tier` with `prompt_tokens` arriving now."""
@@ -208,8 +220,10 @@ class AdmissionEstimator:
         return (self.step_s or 0.0) * steps
 
     def _forget_if_idle(self, snap: QueueSnapshot) -> None:
-        """A new busy period: the engine has had nothing to do for IDLE_FORGET_S; the tail learned in the last
-        one starts over (the docstring above says why)."""
+        """A new busy period: the engine has had nothing to do for IDLE_FORGET_S.
+
+        The tail learned in the last one starts over (the module's docstring says why).
+        """
         busy = any(snap.queued_slots.values()) or any(snap.running_slots.values())
         if not busy and self._last_busy is not None and self._clock() - self._last_busy >= IDLE_FORGET_S:
             self.tail_factor = dict.fromkeys(self.tail_factor, 1.0)
@@ -224,6 +238,8 @@ class AdmissionEstimator:
         ttft *= self.tail_factor[tier]
         target = self.target_frac * slo
         if wait > 0 and ttft > target:
-            retry = RETRY_AFTER_MAX_S if not math.isfinite(ttft) else \
-                min(RETRY_AFTER_MAX_S, max(1, math.ceil(ttft - target)))
+            if math.isfinite(ttft):
+                retry = min(RETRY_AFTER_MAX_S, max(1, math.ceil(ttft - target)))
+            else:
+                retry = RETRY_AFTER_MAX_S
             raise SLOUnattainableError(tier, ttft, slo, retry)

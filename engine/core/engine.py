@@ -1,9 +1,11 @@
 """The engine: requests in, tokens out. `step()` = schedule -> run the model -> process outputs.
 
-`add_request` and `abort` (engine/core/intake.py) are safe to call from any thread (the server's event loop); they
-only queue work for the thread that calls `step()`. A fault in one sequence's part of a step (its forward pass,
-sampling, detokenizing, stop checks) fails its request alone: finish reason "error" with the reason in its own
-output, its KV freed at once; every other sequence of the batch goes on untouched (engine/core/step_faults.py).
+`add_request` and `abort` (engine/core/intake.py) are safe to call from any thread (the server's event loop);
+they only queue work for the thread that calls `step()`. Whether a request is accepted, and when a queued one
+is shed, is admission's (engine/core/admission_control.py). A fault in one sequence's part of a step (its
+forward pass, sampling, detokenizing, stop checks) fails its request alone: finish reason "error" with the
+reason in its own output, its KV freed at once; every other sequence of the batch goes on untouched
+(engine/core/step_faults.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections import deque
 
 import torch
 
-from engine.core.admission import AdmissionEstimator
+from engine.core.admission_control import AdmissionControl
 from engine.core.engine_stats import collect_stats
 from engine.core.fanout import FanOut
 from engine.core.intake import RequestIntake
@@ -26,18 +28,24 @@ from engine.model.decode_graphs import decode_graph_plan
 from engine.model.loader import load_model
 from engine.model.model_runner import ModelRunner
 from engine.model.sampler import Sampler
-from engine.request.config import TIERS, EngineConfig
+from engine.request.config import EngineConfig
 from engine.request.outputs import EngineStats, RequestOutput
 from engine.request.sampling import SamplingParams
 from engine.request.sequence import Request, SeqStatus, Sequence
+from engine.request.tiers import DEFAULT_TIER, TIERS
 from engine.request.timing import StepClock, StepTimes, record_scheduled, record_token_step
 from engine.scheduler.block_manager import BlockManager
 from engine.scheduler.scheduler import ScheduledSeq, Scheduler
 
-QUEUE_BOUND_MARGIN_S = 1.0  # a tier's longest wait: shed this much before it (at most a tenth of it)
-
 
 class Engine(RequestIntake):
+    """Requests in (`add_request`, `abort`: engine/core/intake.py), outputs out of `step()`.
+
+    It holds the scheduler, the model runner, the sampler and the output processor, and `admission`
+    (engine/core/admission_control.py), which accepts or refuses each request and sheds the queued ones that
+    can no longer keep their promise.
+    """
+
     def __init__(self, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -50,7 +58,9 @@ class Engine(RequestIntake):
             config.model, self.device, self.dtype, config.seed, use_triton=config.use_triton
         )
         # Prepacked oneDNN linears on the CPU (engine/model/cpu_linear.py); 0 where torch lacks them.
-        self.packed_linears = pack_linears(self.model) if self.device.type == "cpu" and config.pack_cpu_weights else 0
+        self.packed_linears = 0
+        if self.device.type == "cpu" and config.pack_cpu_weights:
+            self.packed_linears = pack_linears(self.model)
         self.model_name = config.model
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         num_blocks = config.num_kv_blocks or math.ceil(config.kv_cache_tokens / config.block_size)
@@ -61,26 +71,22 @@ class Engine(RequestIntake):
         )
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         sizes, capture = decode_graph_plan(config.decode_graphs, self.device.type, self.model, config.max_num_seqs)
-        self.runner = ModelRunner(self.model, self.model_config, self.device, self.dtype, num_blocks, num_host_blocks,
-                                  config.block_size, max_model_len=self.max_model_len, graph_sizes=sizes,
-                                  capture_graphs=capture)
+        self.runner = ModelRunner(
+            self.model, self.model_config, self.device, self.dtype, num_blocks, num_host_blocks, config.block_size,
+            max_model_len=self.max_model_len, graph_sizes=sizes, capture_graphs=capture,
+        )
         self.eos_token_ids = list(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(self.device, self.eos_token_ids)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self._inbox: deque[tuple[str, object]] = deque()
         self._inbox_lock = threading.Lock()
-        self._pending_by_tier = dict.fromkeys(TIERS, 0)
-        self._pending_work = {t: [0, 0] for t in TIERS}  # inbox: batch slots and prompt tokens per tier
-        self._running_slots = dict.fromkeys(TIERS, 0)  # after the last step, for admission estimates
-        self._running_prefill = dict.fromkeys(TIERS, 0)
-        self.admission = AdmissionEstimator(config, {t: self.scheduler.slot_limit(t) for t in TIERS})
         self._work = threading.Event()
         self._step_lock = threading.RLock()
-        self.admission_rejections = dict.fromkeys(TIERS, 0)
-        self.num_shed = dict.fromkeys(TIERS, 0)  # queued requests shed: they could no longer keep their promise
         self.step_times = StepTimes()
         self.fanout = FanOut()  # requests split into children that queue for slots one by one
+        # accepts or refuses requests (429), sheds the queued ones past their promise; feeds on the steps
+        self.admission = AdmissionControl(config, self.scheduler, self.fanout)
         self.num_failed = 0  # requests the engine failed alone (a fault in their part of a step)
 
     def has_unfinished_requests(self) -> bool:
@@ -93,9 +99,9 @@ class Engine(RequestIntake):
         self._work.wait(timeout)
         return self.has_unfinished_requests()
 
-    # ---- the step -------------------------------------------------------------------------------
+    # ---- the step --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Take in new requests and aborts, schedule, run the model, then process what it produced."""
+        """Take in new requests and aborts, shed the late, schedule, run the model, then process what it produced."""
         with self._step_lock:
             clock = StepClock()
             outputs: dict[str, RequestOutput] = {}
@@ -111,27 +117,19 @@ class Engine(RequestIntake):
                     self._process(batch, sample_rows, logits, outputs)
                 clock.mark_processed()
             self.step_times.add(clock)
-            self._measure(plan.scheduled, clock.processed - clock.start)
-            if not self.fanout.parent_of:
-                return list(outputs.values())
-            merged, siblings = self.fanout.merge(outputs)
-            for child_id in siblings:  # a child failed: its parent has answered, its siblings end next step
-                self.abort(child_id)
-            return list(merged.values())
+            self.admission.on_step(plan.scheduled, clock.processed - clock.start)
+            return self._merged(outputs)
 
-    def _measure(self, batch: list[ScheduledSeq], step_s: float) -> None:
-        """Feed the admission estimate: a step that ran the model (its time and prefill tokens); slots held."""
-        if batch:
-            decodes = sum(1 for item in batch if item.num_new_tokens == 1 and item.seq.num_output_tokens > 1)
-            self.admission.on_step(step_s, sum(item.num_new_tokens for item in batch) - decodes)
-        slots = dict.fromkeys(TIERS, 0)
-        prefill = dict.fromkeys(TIERS, 0)  # admitted, not yet prefilled: a new request queues behind it too
-        for request in self.scheduler.running:
-            slots[request.tier] += request.params.n
-            if request.first_token_time is None and request.seqs:
-                prefill[request.tier] += max(0, len(request.prompt_ids) - request.seqs[0].num_computed)
-        self._running_slots, self._running_prefill = slots, prefill
+    def _merged(self, outputs: dict[str, RequestOutput]) -> list[RequestOutput]:
+        """The step's outputs as their clients see them: a split request's children merged into their parent."""
+        if not self.fanout.parent_of:
+            return list(outputs.values())
+        merged, siblings = self.fanout.merge(outputs)
+        for child_id in siblings:  # a child failed: its parent has answered, its siblings end next step
+            self.abort(child_id)
+        return list(merged.values())
 
+    # ---- before the schedule: new requests, aborts, the late -------------------------------------
     def _drain_inbox(self, outputs: dict[str, RequestOutput], now: float) -> None:
         self._work.clear()  # before draining, so an add racing with us sets it again
         while self._inbox:
@@ -139,64 +137,30 @@ class Engine(RequestIntake):
                 kind, item = self._inbox.popleft()
             if kind == "add":
                 self._start(item)
-                with self._inbox_lock:  # queued now: counted by the scheduler instead
-                    self._pending_by_tier[item.tier] -= 1
-                    self._pending_work[item.tier][0] -= item.params.n
-                    self._pending_work[item.tier][1] -= len(item.prompt_ids)
+                with self._inbox_lock:
+                    self.admission.left_inbox(item)
             elif item in self.requests:
-                request = self.requests[item]
-                for seq in request.seqs:
-                    if not seq.is_finished:
-                        seq.status, seq.finish_reason = SeqStatus.FINISHED, "abort"
-                self._finish_request(request, outputs, now)
-
-    def _shed_deadline(self, tier: str, request: Request) -> float | None:
-        """How long it may wait unstarted: its promise (SLO admission) or its tier's longest wait, the sooner."""
-        prompt = len(request.prompt_ids)
-        slo = self.admission.shed_deadline_s(tier, prompt) if self.config.admission == "slo" else None
-        bound = self.config.tier_max_queue_s.get(tier)
-        if bound is not None:  # its first text, not only its start, within the bound as its client sees it: less
-            # its own steps, and a margin for the step that notices it and the HTTP path (the overload bench's
-            # basic requests overshot a 60 s bound by up to 0.2 s without it)
-            bound -= self.admission.own_steps_s(prompt) + min(QUEUE_BOUND_MARGIN_S, 0.1 * bound)
-        return min((d for d in (slo, bound) if d is not None), default=None)
+                self._end(self.requests[item], "abort", outputs, now)
 
     def _shed_late(self, outputs: dict[str, RequestOutput], now: float) -> None:
-        """Finish (reason "shed") every queued request that never started and can no longer keep its promise
-        (engine/core/admission.py) or has waited its tier's longest (`tier_max_queue_s`); the server answers it 429
-        with Retry-After from the tier's estimated queue wait."""
-        queues = self.scheduler.queues
+        """Finish (reason "shed") the queued requests that admission gives up on (engine/core/admission_control.py).
+
+        The server answers each 429, with Retry-After from its tier's estimated queue wait.
+        """
         for tier in TIERS:
-            late: list[Request] = []
-            # waiting and swapped, each in arrival order within the tier: stop at the first that still has time
-            for queue in (queues.waiting[tier], queues.swapped[tier]):
-                for request in queue:
-                    deadline = self._shed_deadline(tier, request)
-                    if deadline is None or now - request.arrival_time <= deadline:
-                        break
-                    # One the client has seen output of keeps its place: its answer is under way. One preempted
-                    # before its first text (a byte-level model holds back an incomplete character) has shown
-                    # nothing yet, and would otherwise wait out the tiers above it with its first token unsent.
-                    group = self.fanout.group_of(request)
-                    if request.first_text_time is None and request.sheddable and not (group and group.started):
-                        late.append(request)
+            late = self.admission.late_requests(tier, now)
             if not late:
                 continue
-            retry = self.admission.retry_after_s(tier, self._queue_snapshot())
+            retry = self.admission.retry_after_s(tier)
             for request in late:
                 if request.request_id not in self.requests:
                     continue  # a sibling of one shed before it
                 group = self.fanout.group_of(request)
                 siblings = [c for c in group.children if c.request_id in self.requests] if group else [request]
                 for member in siblings:  # a split request is shed whole: none of it has shown anything yet
-                    for seq in member.seqs:
-                        if not seq.is_finished:
-                            seq.status, seq.finish_reason = SeqStatus.FINISHED, "shed"
                     member.retry_after_s = retry
-                    self._finish_request(member, outputs, now)
-                self.num_shed[tier] += 1
-                self.admission_rejections[tier] += 1  # a 429 like the others, only later
-                self.admission.on_outcome(tier, None)  # admitted and then past hope: admission was too lenient
+                    self._end(member, "shed", outputs, now)
+                self.admission.on_shed(tier)
 
     def _start(self, request: Request) -> None:
         request.seqs.append(self._new_seq(request, request.child_index, list(request.prompt_ids)))
@@ -208,8 +172,10 @@ class Engine(RequestIntake):
                         request.tier, request.arrival_time, status=SeqStatus.RUNNING,
                         generator=self.sampler.generator_for(request.params, index))
 
-    def _run(self, batch: list[ScheduledSeq], step_start: float, outputs: dict[str, RequestOutput]
-             ) -> tuple[list[ScheduledSeq], torch.Tensor | None, list[int]]:
+    # ---- running the model -----------------------------------------------------------------------
+    def _run(
+        self, batch: list[ScheduledSeq], step_start: float, outputs: dict[str, RequestOutput]
+    ) -> tuple[list[ScheduledSeq], torch.Tensor | None, list[int]]:
         """Forward the batch: logits for the rows that sample, those whose prompt is now all in the cache.
 
         When the batch's forward pass raises, each sequence runs alone and the requests of those that fail
@@ -239,13 +205,10 @@ class Engine(RequestIntake):
         """A fault in the request's own part of the step: it alone finishes ("error"), its KV freed now."""
         log_failure(request.request_id, stage, error)
         request.error = failure_message(stage, error)
-        for seq in request.seqs:
-            if not seq.is_finished:
-                seq.status, seq.finish_reason = SeqStatus.FINISHED, "error"
         self.num_failed += 1
-        self._finish_request(request, outputs, now)
+        self._end(request, "error", outputs, now)
 
-    # ---- processing a step's outputs ------------------------------------------------------------
+    # ---- processing a step's outputs -------------------------------------------------------------
     def _process(self, batch: list[ScheduledSeq], sample_rows: list[int], logits: torch.Tensor,
                  outputs: dict[str, RequestOutput]) -> None:
         """Commit the computed KV, sample, append tokens and check stops, then emit the requests' outputs.
@@ -307,7 +270,8 @@ class Engine(RequestIntake):
         """Each sequence takes its token; one that finishes frees its KV at once. Returns the requests touched.
 
         A token that is an exception (its row failed to sample) or outside the vocabulary, or a fault while it is
-        appended, detokenized or checked for stops, fails its request alone."""
+        appended, detokenized or checked for stops, fails its request alone.
+        """
         touched: dict[str, Request] = {}
         vocab = self.model_config.vocab_size
         for seq, token in zip(seqs, tokens, strict=True):
@@ -344,24 +308,29 @@ class Engine(RequestIntake):
 
     def _first_text(self, request: Request, now: float) -> None:
         request.first_text_time = now
-        if request.sheddable:  # under SLO admission: the tail factor learns what it got
-            self.admission.on_outcome(request.tier, now - request.arrival_time)
+        self.admission.on_first_text(request, now)
+
+    # ---- a request's end -------------------------------------------------------------------------
+    def _end(self, request: Request, reason: str, outputs: dict[str, RequestOutput], now: float) -> None:
+        """End the request with `reason` (abort, shed, error) on every sequence still going."""
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+        self._finish_request(request, outputs, now)
 
     def _finish_request(self, request: Request, outputs: dict[str, RequestOutput], now: float) -> None:
         request.finished_time = now
-        if request.first_text_time is None and all(s.finish_reason not in ("shed", "abort", "error")
-                                                   for s in request.seqs):
+        completed = all(s.finish_reason not in ("shed", "abort", "error") for s in request.seqs)
+        if request.first_text_time is None and completed:  # its last output is its first text
             self._first_text(request, now)
-        if request.first_scheduled_time is not None and all(s.finish_reason not in ("abort", "error")
-                                                            for s in request.seqs):
-            self.admission.on_finished(now - request.first_scheduled_time)
+        self.admission.on_finished(request, now)
         self.scheduler.remove(request)
         del self.requests[request.request_id]
         outputs[request.request_id] = build_output(request, finished=True)
 
-    # ---- convenience ----------------------------------------------------------------------------
+    # ---- convenience -----------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
-                 params: SamplingParams | None = None, tier: str = "standard") -> list[RequestOutput]:
+                 params: SamplingParams | None = None, tier: str = DEFAULT_TIER) -> list[RequestOutput]:
         """Run prompts to completion in one batch; one finished RequestOutput per prompt, in order."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -376,12 +345,13 @@ class Engine(RequestIntake):
     def stats(self) -> EngineStats:
         with self._step_lock:
             with self._inbox_lock:
-                snapshot = self._queue_snapshot()
+                snapshot = self.admission.snapshot()
             return collect_stats(self, snapshot)
 
     def check_integrity(self) -> None:
-        """Block accounting holds, only live sequences own blocks, the scheduler's queues and the premium
-        reservation hold."""
+        """Assert the engine's invariants: block accounting, only live sequences owning blocks, the scheduler's
+        queues and its premium reservation.
+        """
         with self._step_lock:
             self.block_manager.check_integrity()
             self.scheduler.check_integrity()

@@ -1,28 +1,22 @@
-"""The engine's intake: a request checked, refused at once or queued for the engine thread (`RequestIntake`, a part
-of `Engine`), and aborts.
+"""The engine's intake (`RequestIntake`, a part of `Engine`): a request checked, then refused at once or queued
+for the engine thread; aborts.
 
 `add_request` and `abort` are safe to call from any thread (the server's event loop); they only queue work for
 the thread that calls `step()`. A request refused here never reaches the scheduler: a malformed prompt, one
-longer than the context, one that could never fit the KV pool even alone (HTTP 400 with the reason), a full
-tier queue or a TTFT promise the queue would break (HTTP 429 with the engine's own estimate of when there is
-room). A request whose n sequences could never run together is split into n children (engine/core/fanout.py).
+longer than the context, one that could never fit the KV pool even alone (HTTP 400 with the reason), and,
+refused by admission (engine/core/admission_control.py), a full tier queue or a TTFT promise the queue would
+break (HTTP 429 with the engine's own estimate of when there is room). A request whose n sequences could never
+run together is split into n children (engine/core/fanout.py).
 """
 
 from __future__ import annotations
 
 import itertools
 
-from engine.core.admission import QueueSnapshot
-from engine.request.config import TIERS, normalize_tier
-from engine.request.errors import (
-    CapacityExceededError,
-    InvalidRequestError,
-    PromptTooLongError,
-    QueueFullError,
-    SLOUnattainableError,
-)
+from engine.request.errors import CapacityExceededError, InvalidRequestError, PromptTooLongError
 from engine.request.sampling import SamplingParams
 from engine.request.sequence import Request
+from engine.request.tiers import DEFAULT_TIER, normalize_tier
 from engine.scheduler.block_manager import kv_blocks_alone
 
 _request_ids = itertools.count()
@@ -32,9 +26,13 @@ class RequestIntake:
     """`Engine`'s intake methods (the attributes they use are set up in `Engine.__init__`)."""
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    tier: str | None = "standard", request_id: str | None = None, slo_admission: bool = True) -> str:
-        """Queue a request (any thread). `slo_admission=False` (offline work, `generate`) skips SLO-aware
-        admission for it: neither refused at arrival nor shed while it waits; the queue bound still holds."""
+                    tier: str | None = DEFAULT_TIER, request_id: str | None = None,
+                    slo_admission: bool = True) -> str:
+        """Queue a request (any thread); returns its id.
+
+        `slo_admission=False` (offline work, `generate`) skips SLO-aware admission for it: neither refused at
+        arrival nor shed while it waits; the queue bound still holds.
+        """
         params = params or SamplingParams()
         try:
             tier = normalize_tier(tier)
@@ -50,37 +48,17 @@ class RequestIntake:
         split = self._needs_children(len(prompt_ids), params, tier)
         self._check_fits_alone(len(prompt_ids), params.n if not split else 1, params, tier)
         request_id = request_id or f"req-{next(_request_ids)}"
-        limit = self.config.max_waiting_per_tier.get(tier, 0)
         with self._inbox_lock:
-            try:
-                if self.scheduler.num_waiting(tier) + self._pending_by_tier[tier] >= limit:
-                    raise QueueFullError(tier, limit, self.admission.retry_after_s(tier, self._queue_snapshot()))
-                if slo_admission:
-                    self.admission.check(tier, len(prompt_ids), self._queue_snapshot())
-            except (QueueFullError, SLOUnattainableError):
-                self.admission_rejections[tier] += 1
-                raise
-            self.admission.on_admitted(tier, len(prompt_ids))
-            requests = (self.fanout.split(request_id, prompt_ids, params, tier, slo_admission) if split
-                        else [Request(request_id, prompt_ids, params, tier, sheddable=slo_admission)])
+            self.admission.admit(tier, len(prompt_ids), slo_admission)  # raises the 429s
+            if split:
+                requests = self.fanout.split(request_id, prompt_ids, params, tier, slo_admission)
+            else:
+                requests = [Request(request_id, prompt_ids, params, tier, sheddable=slo_admission)]
             for request in requests:
-                self._pending_by_tier[tier] += 1
-                self._pending_work[tier][0] += request.params.n
-                self._pending_work[tier][1] += len(prompt_ids)
+                self.admission.entered_inbox(request)
                 self._inbox.append(("add", request))
         self._work.set()
         return request_id
-
-    def _queue_snapshot(self) -> QueueSnapshot:
-        """What is queued per tier, in the scheduler and the inbox (any thread; reads counters only)."""
-        queues = self.scheduler.queues
-        return QueueSnapshot(
-            queued_slots={t: queues.queued_slots[t] + self._pending_work[t][0] for t in TIERS},
-            queued_tokens={t: queues.queued_tokens[t] + self._pending_work[t][1] + self._running_prefill[t]
-                           for t in TIERS},
-            running_slots=dict(self._running_slots),
-            kv_blocked_tier=self.scheduler.kv_blocked_tier,
-        )
 
     def _needs_children(self, prompt_len: int, params: SamplingParams, tier: str) -> bool:
         """Its n sequences could never run together (batch slots, or n copies of its KV), one alone could."""
@@ -91,8 +69,10 @@ class RequestIntake:
             kv_blocks_alone(prompt_len, params.n, params.max_tokens, bs) > sched.kv_limit(tier))
 
     def _check_fits_alone(self, prompt_len: int, n: int, params: SamplingParams, tier: str) -> None:
-        """Refuse up front what could never run even alone (the scheduler's progress guarantee needs it): `n`
-        sequences together (1 for a request split into children)."""
+        """Refuse up front what could never run even alone (the scheduler's progress guarantee needs it).
+
+        `n` sequences together (1 for a request split into children).
+        """
         sched, bs = self.scheduler, self.config.block_size
         slots = sched.slot_limit(tier)
         if n > slots:  # only when the tier has no slot at all: wider requests are split

@@ -162,8 +162,8 @@ async def _generate(
     stream = await eloop.submit(prompt, params, req.tier, rid)
     try:
         # The answer's status waits for the engine's first visible output (text, or the finish): a request shed
-        # before it showed anything (SLO-aware admission, engine/core/admission.py) is still a plain 429, streamed
-        # or not. Outputs without text (an incomplete character held back) are kept for the stream.
+        # before it showed anything (SLO-aware admission, engine/core/admission_control.py) is still a plain
+        # 429, streamed or not. Outputs without text (an incomplete character held back) are kept for the stream.
         first = await stream.next_batch()
         while not any(o.finished or any(c.new_text for c in o.outputs) for o in first):
             first += await stream.next_batch()
@@ -290,8 +290,9 @@ async def handle_tokenize(request: web.Request) -> web.Response:
     if not isinstance(prompt, str):
         raise APIError(400, "'prompt' must be a string", param="prompt", code="invalid_type")
     special = body.get("add_special_tokens", True)
-    ids = request.app[ENGINE_KEY].tokenizer.encode(prompt, add_special_tokens=special is not False)
-    return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": request.app[ENGINE_KEY].max_model_len})
+    engine = request.app[ENGINE_KEY]
+    ids = engine.tokenizer.encode(prompt, add_special_tokens=special is not False)
+    return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len})
 
 
 async def handle_detokenize(request: web.Request) -> web.Response:

@@ -3,10 +3,11 @@
 `EngineCoreClient` starts the core process and stands in for the engine where the HTTP layer needs one: the
 model's facts (name, context, tokenizer: loaded here too, without the weights, so that parsing, chat
 templates and tokenization stay in the front end) and the calls tests and tools make (`stats`,
-`check_integrity`, `has_unfinished_requests`, each a round trip that runs between two steps). A reader thread
-takes the core's messages: replies resolve their futures, step outputs are rebuilt into the engine's
-`RequestOutput` objects (`OutputAssembler`) and handed on. `ProcessEngineLoop` is the `StreamRouter` over
-it, what `EngineLoop` is over an in-process engine.
+`check_integrity`, `has_unfinished_requests`, each a round trip that runs between two steps). It is also the
+`StepDriver` of the streams (engine/server/engine_loop.py). A reader thread takes the core's messages:
+replies resolve their futures, step outputs are rebuilt into the engine's `RequestOutput` objects
+(`OutputAssembler`) and handed on. `ProcessEngineLoop` is the `StreamRouter` over it, what `EngineLoop` is
+over an in-process engine.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class EngineCoreClient:
         self.on_outputs: Callable[[list[RequestOutput]], None] = lambda outs: None
         self.on_stats: Callable[[Any], None] = lambda stats: None
         self.on_failure: Callable[[str], None] = lambda message: None
-        self.failures = 0
+        self.step_errors = 0  # steps that raised in the core
         self._pending: dict[int, concurrent.futures.Future] = {}
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
@@ -120,8 +121,8 @@ class EngineCoreClient:
             kind, payload = self._from_core.recv()
         except EOFError:
             self.proc.wait(5)
-            raise ModelLoadError(f"the engine core process exited while starting (exit code {self.proc.returncode})") \
-                from None
+            code = self.proc.returncode
+            raise ModelLoadError(f"the engine core process exited while starting (exit code {code})") from None
         if kind != "ready":
             self.proc.wait(5)
             raise ModelLoadError(payload)
@@ -162,10 +163,14 @@ class EngineCoreClient:
         elif kind == "stats":
             self.on_stats(msg[1])
         elif kind == "failed":
-            self.failures += 1
+            self.step_errors += 1
             self.on_failure(msg[1])
 
     # ---- to the core ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Nothing to start: the core runs from the constructor on (it says ready before the model's facts
+        are known)."""
+
     @property
     def alive(self) -> bool:
         return not self._exited.is_set() and self.proc.poll() is None
@@ -203,20 +208,30 @@ class EngineCoreClient:
         with contextlib.suppress(BrokenPipeError, OSError):  # the core is gone, and the request with it
             self._send(("abort", request_id))
 
-    def _call(self, name: str, timeout: float = CALL_TIMEOUT_S) -> Any:
+    def _call_in_core(self, name: str, timeout: float = CALL_TIMEOUT_S) -> Any:
         return self.request("call", name).result(timeout)
 
     # the engine methods that tests and tools call (each runs between two steps in the core)
     def stats(self) -> Any:
-        return self._call("stats")
+        return self._call_in_core("stats")
 
     def check_integrity(self) -> None:
-        self._call("check_integrity")
+        self._call_in_core("check_integrity")
 
     def has_unfinished_requests(self) -> bool:
-        return self._call("has_unfinished_requests")
+        return self._call_in_core("has_unfinished_requests")
 
-    def close(self, timeout: float = 10.0) -> None:
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` (one of the engine methods above: a round trip that runs between two steps in the core)
+        and get its result from the future."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            fut.set_result(fn())
+        except BaseException as e:
+            fut.set_exception(e)
+        return fut
+
+    def stop(self, timeout: float = 10.0) -> None:
         """Stop the core: ask, then wait, then kill."""
         if self.proc.poll() is None:
             with contextlib.suppress(BrokenPipeError, OSError):
@@ -236,21 +251,10 @@ class ProcessEngineLoop(StreamRouter):
 
     def __init__(self, client: EngineCoreClient, metrics: ServerMetrics, loop: asyncio.AbstractEventLoop):
         super().__init__(metrics, loop)
-        self.engine = client
+        self.engine = self.driver = client
         client.on_outputs = self._on_outputs
         client.on_stats = metrics.update_stats
         client.on_failure = self._on_failure
-
-    def start(self) -> None:
-        """The core runs from the client's start; nothing more to start."""
-
-    @property
-    def alive(self) -> bool:
-        return self.engine.alive
-
-    @property
-    def step_errors(self) -> int:
-        return self.engine.failures
 
     async def _add(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> None:
         try:
@@ -259,21 +263,6 @@ class ProcessEngineLoop(StreamRouter):
             self.engine.abort(request_id)
             raise
 
-    def _abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-
-    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        """Run `fn` (one of the client's engine calls, a round trip to the core) and get its result."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        try:
-            fut.set_result(fn())
-        except BaseException as e:
-            fut.set_exception(e)
-        return fut
-
     async def refresh_stats(self, timeout: float = 2.0) -> None:
         stats = await asyncio.wait_for(asyncio.wrap_future(self.engine.request("call", "stats")), timeout)
         self.metrics.update_stats(stats)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.engine.close(timeout)

@@ -129,7 +129,8 @@ class EngineCore:
             if err is None:
                 self._send(("reply", call_id, True, fut.result()))
             else:
-                self._send(("reply", call_id, False, api_error_fields(APIError(500, f"{type(err).__name__}: {err}"))))
+                api_error = APIError(500, f"{type(err).__name__}: {err}")
+                self._send(("reply", call_id, False, api_error_fields(api_error)))
 
         self.thread.call(getattr(self.engine, name)).add_done_callback(done)
 

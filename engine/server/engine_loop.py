@@ -1,10 +1,11 @@
 """The engine thread, and the bridge between it and the server's event loop.
 
 `EngineThread` runs `Engine.step()` in a loop and hands each step's outputs, failures and stats to callbacks.
-`StreamRouter` is the event-loop side: one `RequestStream` per request, fed with that request's outputs.
-`EngineLoop` joins the two in one process (the engine thread hands a step's outputs to the event loop in one
-`call_soon_threadsafe`); `engine/server/core_client.py` joins them across processes instead, with the engine thread
-in an engine-core process of its own (`engine/server/engine_core.py`).
+`StreamRouter` is the event-loop side and the engine handle the HTTP app holds: one `RequestStream` per
+request, fed with that request's outputs, over a `StepDriver` that runs the steps. `EngineLoop` joins the two
+in one process (the engine thread hands a step's outputs to the event loop in one `call_soon_threadsafe`);
+`ProcessEngineLoop` (engine/server/core_client.py) joins them across processes instead, with the engine
+thread in an engine-core process of its own (engine/server/engine_core.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from engine.server.api_errors import APIError
 from engine.server.metrics import ServerMetrics
@@ -143,11 +144,34 @@ class EngineThread:
             self._thread.join(timeout)
 
 
-class StreamRouter:
-    """The event-loop side: each request's stream, fed by `_deliver`; ending a stream early aborts its request.
+class StepDriver(Protocol):
+    """What runs the engine's steps for a `StreamRouter`: `EngineThread` on a thread of this process, or
+    `EngineCoreClient` (engine/server/core_client.py) with the engine in a core process of its own."""
 
-    Subclasses say how a request reaches the engine (`_add`, `_abort`) and whether the engine is alive.
+    step_errors: int  # steps that raised, each failing the requests then in flight
+
+    @property
+    def alive(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` between two steps of the engine; the future gets its result."""
+
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+
+class StreamRouter:
+    """The engine handle the HTTP app holds: each request's stream, fed by `_deliver`; ending a stream early
+    aborts its request.
+
+    Its two kinds, `EngineLoop` (below) and `ProcessEngineLoop` (engine/server/core_client.py), set `engine`
+    (what takes requests and aborts) and `driver` (what runs the steps), and say how a request reaches the
+    engine (`_add`) and how the engine-state gauges are refreshed (`refresh_stats`).
     """
+
+    engine: Any
+    driver: StepDriver
 
     def __init__(self, metrics: ServerMetrics, loop: asyncio.AbstractEventLoop):
         self.metrics = metrics
@@ -155,15 +179,33 @@ class StreamRouter:
         self.streams: dict[str, RequestStream] = {}  # event-loop thread only
         self.closing = False
 
+    def start(self) -> None:
+        self.driver.start()
+
     @property
     def alive(self) -> bool:
+        return self.driver.alive
+
+    @property
+    def step_errors(self) -> int:
+        return self.driver.step_errors
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` between two steps of the engine and get its result from the future."""
+        return self.driver.call(fn)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.driver.stop(timeout)
+
+    async def refresh_stats(self, timeout: float = 2.0) -> None:
+        """The engine-state gauges, fresh (for a /metrics scrape)."""
         raise NotImplementedError
 
     async def _add(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> None:
         raise NotImplementedError
 
     def _abort(self, request_id: str) -> None:
-        raise NotImplementedError
+        self.engine.abort(request_id)
 
     async def submit(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> RequestStream:
         """Hand a request to the engine; raises its refusal (an EngineError or APIError) at once."""
@@ -234,32 +276,10 @@ class EngineLoop(StreamRouter):
     def __init__(self, engine: Any, metrics: ServerMetrics, loop: asyncio.AbstractEventLoop):
         super().__init__(metrics, loop)
         self.engine = engine
-        self.thread = EngineThread(engine, self._on_outputs, self._on_failure, metrics.update_stats)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    @property
-    def alive(self) -> bool:
-        return self.thread.alive
-
-    @property
-    def step_errors(self) -> int:
-        return self.thread.step_errors
+        self.driver = EngineThread(engine, self._on_outputs, self._on_failure, metrics.update_stats)
 
     async def _add(self, prompt: str | list[int], params: Any, tier: str, request_id: str) -> None:
         self.engine.add_request(prompt, params, tier=tier, request_id=request_id)
 
-    def _abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-
-    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        """Run `fn` on the engine thread between steps and get its result from the future."""
-        return self.thread.call(fn)
-
     async def refresh_stats(self, timeout: float = 2.0) -> None:
-        """The engine-state gauges, fresh (for a /metrics scrape)."""
-        await asyncio.wait_for(asyncio.wrap_future(self.thread.call(self.thread.update_stats)), timeout)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.thread.stop(timeout)
+        await asyncio.wait_for(asyncio.wrap_future(self.driver.call(self.driver.update_stats)), timeout)

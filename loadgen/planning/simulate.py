@@ -4,23 +4,24 @@ What it models (``engine/scheduler/scheduler.py`` is the reference): each step p
 (``max_num_batched_tokens``): running requests in rank order (tier, then arrival) take one token each when
 decoding and a chunk (at most ``prefill_chunk_size``) when prefilling; new requests join every
 ``rebatch_interval`` steps, or at once after a finish or when nothing runs, in rank order while batch slots
-(``max_num_seqs``), budget and KV blocks last; a request that cannot join stops admission for every one
-ranked below it (strict tiers). A request's first token comes at the end of the step that computes its last
-prompt token, then one token a step. Paged KV: a request reserves, when it joins, the blocks of its whole
-life (prompt + answer - 1 tokens, rounded up to blocks), so nothing is ever preempted (the engine allocates
-as it goes and preempts under pressure: this is the conservative end); a shared system prompt's full
-blocks are held once while any running request uses them and, with prefix caching, are not prefilled again
-once computed. Admission at arrival: a full tier queue (``max_waiting_per_tier``) or, in ``slo`` mode, an
-estimated TTFT over ``admission_target_frac`` of the tier's promise refuses the request (an infinite
-latency for the SLO rule), with the estimate ``engine/core/admission.py`` makes from the simulated engine's own
-measured turnover, prefill rate and step time, times its tail factor (learned from the simulated requests'
-own TTFTs); a queued request that has not started by its shed deadline (the engine's share of the
-promise less its own steps) is shed, refused too; the tail factor starts over after the engine sat idle.
+(``max_num_seqs``), budget and KV blocks last; a request that cannot join stops every one ranked below it from
+joining (strict tiers). A request's first token comes at the end of the step that computes its last prompt
+token, then one token a step. Paged KV: a request reserves, when it joins, the blocks of its whole life
+(prompt + answer - 1 tokens, rounded up to blocks), so nothing is ever preempted (the engine allocates as it
+goes and preempts under pressure: this is the conservative end); a shared system prompt's full blocks are held
+once while any running request uses them and, with prefix caching, are not prefilled again once computed.
+Admission at arrival: a full tier queue (``max_waiting_per_tier``) or, in ``slo`` mode, an estimated TTFT over
+``admission_target_frac`` of the tier's promise refuses the request (an infinite latency for the SLO rule),
+with the estimate ``engine/core/admission.py`` makes (and its constants,
+``engine/request/admission_constants.py``) from the simulated engine's own measured turnover, prefill rate and
+step time, times its tail factor (learned from the simulated requests' own TTFTs); a queued request that has
+not started by its shed deadline (the engine's share of the promise less its own steps) is shed, refused too;
+the tail factor starts over after the engine sat idle.
 
-Steps are priced by a :class:`~loadgen.planning.step_model.StepModel`; a run of pure decode steps with
-nothing to admit is priced in one vectorised go up to the next finish or arrival, so the simulation is
-exact step by step and still fast. With a constant step time, one-token prompts and ``max_num_seqs = c``
-it is an M/D/c queue (``tests/loadgen/planning/test_plan_simulate.py``).
+Steps are priced by a :class:`~loadgen.planning.step_model.StepModel`; a run of pure decode steps with nothing
+waiting to join is priced in one vectorised go up to the next finish or arrival, so the simulation is exact
+step by step and still fast. With a constant step time, one-token prompts and ``max_num_seqs = c`` it is an
+M/D/c queue (``tests/loadgen/planning/test_plan_simulate.py``).
 """
 
 from __future__ import annotations
@@ -32,15 +33,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.request.admission_constants import (
+    ARRIVAL_ALPHA,
+    IDLE_FORGET_S,
+    PREFILL_ALPHA,
+    PREFILL_WINDOW_S,
+    RESIDENCE_ALPHA,
+    STEP_ALPHA,
+    TAIL_FACTOR_BOUNDS,
+    TAIL_QUANTILE,
+    TAIL_STEP,
+)
+from engine.request.tiers import DEFAULT_TIER, TIER_RANK, TIERS
 from loadgen.planning.requests import Requests
 from loadgen.planning.step_model import StepModel
-
-TIER_RANK = {"premium": 0, "standard": 1, "basic": 2}  # anything else (no tier) ranks as standard
-TIERS = ("premium", "standard", "basic")
-# the EWMA weights and window of engine/core/admission.py, so the simulated admission estimates as the engine does
-RESIDENCE_ALPHA, PREFILL_ALPHA, PREFILL_WINDOW_S, STEP_ALPHA, ARRIVAL_ALPHA = 0.05, 0.2, 0.1, 0.1, 0.05
-TAIL_QUANTILE, TAIL_STEP, TAIL_FACTOR_BOUNDS = 0.99, 0.05, (0.5, 20.0)  # its tail factor's, likewise
-IDLE_FORGET_S = 0.1  # and its forgetting: idle this long, the next busy period starts at a tail factor of 1
 
 
 @dataclass(frozen=True)
@@ -184,15 +190,16 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
     n = len(arrive)
     n_in, n_out = req.n_in.tolist(), req.n_out.tolist()
     tiers = req.tier.tolist()
-    rank = [TIER_RANK.get(t, 1) for t in tiers]
+    rank = [TIER_RANK.get(t, TIER_RANK[DEFAULT_TIER]) for t in tiers]  # anything else (no tier) ranks as standard
     pfx, pfx_len = req.prefix.tolist(), req.prefix_len.tolist()
     bs, budget0, chunk = eng.block_size, eng.max_num_batched_tokens, eng.chunk
     kv_cap = eng.kv_tokens // bs
     first, done, start = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     rejected = np.zeros(n, dtype=bool)
     computed, gen, blocks = [0] * n, [0] * n, [0] * n
-    waiting: list[deque] = [deque(), deque(), deque()]
-    wtokens, rslots = [0, 0, 0], [0, 0, 0]  # queued prefill tokens and running slots per rank
+    waiting: list[deque] = [deque() for _ in TIERS]  # per rank
+    wtokens = [0] * len(TIERS)  # queued prefill tokens per rank
+    rslots = [0] * len(TIERS)  # running slots per rank
     running: list[tuple[int, int]] = []  # (rank, index), kept sorted: rank order
     holders: dict[int, int] = {}  # shared prefix -> running requests holding its blocks
     ready: set[int] = set()  # shared prefixes computed once (prefix cache)
@@ -219,7 +226,7 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
             return
         slo = eng.tier_ttft_slo_ms.get(tier)
         if eng.admission == "slo" and slo:
-            pending = [0, 0, 0]
+            pending = [0] * len(TIERS)
             for rr, j in running:
                 pending[rr] += n_in[j] - computed[j]
             toks = [a + b for a, b in zip(wtokens, pending, strict=True)]
@@ -252,7 +259,7 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
     def finish(i: int) -> None:
         nonlocal kv_used, rebatch_due, kv_blocked
         done[i] = t
-        kv_blocked = None  # blocks are free again: the next admission finds out whether they suffice
+        kv_blocked = None  # blocks are free again: the next join finds out whether they suffice
         running.remove((rank[i], i))
         rslots[rank[i]] -= 1
         kv_used -= blocks[i]
@@ -263,10 +270,10 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
         adm.residence = adm.ewma(adm.residence, max(t - start[i], 1e-6), RESIDENCE_ALPHA)
         rebatch_due = True
 
-    def try_admit(budget: int, sched: list) -> int:
+    def try_join(budget: int, sched: list) -> int:
         nonlocal kv_used, kv_blocked
         kv_blocked = None
-        for r in range(3):
+        for r in range(len(TIERS)):
             q = waiting[r]
             while q:
                 if budget <= 0 or len(running) >= eng.max_num_seqs:
@@ -324,8 +331,8 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
                     finish(i)
             continue
         step += 1
-        admit = rebatch_due or not running or step % eng.rebatch_interval == 0
-        if admit:
+        join = rebatch_due or not running or step % eng.rebatch_interval == 0
+        if join:
             rebatch_due = False
         budget, sched = budget0, []
         for _, i in running:
@@ -333,10 +340,10 @@ def simulate(req: Requests, rate: float, eng: EngineShape, model: StepModel) -> 
             if k:
                 sched.append((i, k))
                 budget -= k
-        if admit:
-            budget = try_admit(budget, sched)
+        if join:
+            budget = try_join(budget, sched)
         if not sched:  # cannot happen: the best-ranked running request always gets tokens, and an idle engine
-            raise AssertionError("simulation stalled")  # admits the first waiting request (it fits alone)
+            raise AssertionError("simulation stalled")  # lets the first waiting request join (it fits alone)
         n_tok = kv = pairs = pf = 0
         for i, k in sched:
             c = computed[i] if computed[i] < n_in[i] else n_in[i] + gen[i] - 1

@@ -210,4 +210,4 @@ def test_a_reply_for_a_caller_that_gave_up_does_not_stop_the_reader():
             stats = server.call(server.engine.stats)
             assert stats.kv_usage == 0 and stats.num_running == 0
     finally:
-        engine.close()
+        engine.stop()

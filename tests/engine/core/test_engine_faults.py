@@ -211,7 +211,7 @@ def test_a_tier_waits_no_longer_than_its_bound_then_gets_retry_after():
     err = shed_error(shed, "basic", engine.config)
     assert err.status == 429 and err.code == "queue_timeout" and err.headers["Retry-After"] == str(shed.retry_after_s)
     assert unbounded in engine.requests, "a tier whose bound is None waits on"
-    assert engine.num_shed["basic"] == 1 and engine.admission_rejections["basic"] == 1
+    assert engine.admission.num_shed["basic"] == 1 and engine.admission.rejections["basic"] == 1
     engine.check_integrity()
 
 

@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.core.admission import IDLE_FORGET_S, TAIL_FACTOR_BOUNDS, AdmissionEstimator, QueueSnapshot
+from engine.core.admission import AdmissionEstimator, QueueSnapshot
 from engine.core.output_processor import OutputProcessor
 from engine.model.tokenizer import ByteTokenizer
+from engine.request.admission_constants import IDLE_FORGET_S, TAIL_FACTOR_BOUNDS
 from engine.request.config import TIERS
 from engine.request.errors import SLOUnattainableError
 from engine.request.outputs import Timing
@@ -192,11 +193,11 @@ def test_the_engine_feeds_the_tail_factor_from_its_requests_first_text():
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-    assert engine.admission.tail_factor["standard"] > 1.0  # a 1 ms promise was missed
-    assert engine.admission.tail_factor["premium"] == 1.0
+    assert engine.admission.estimator.tail_factor["standard"] > 1.0  # a 1 ms promise was missed
+    assert engine.admission.estimator.tail_factor["premium"] == 1.0
     offline = Engine(EngineConfig(model="tiny", tier_ttft_slo_ms={"premium": 300, "standard": 1}))
     offline.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    assert offline.admission.tail_factor["standard"] == 1.0  # generate() is offline work: not judged
+    assert offline.admission.estimator.tail_factor["standard"] == 1.0  # generate() is offline work: not judged
 
 
 def _prefill_progress(first_text_priority: bool, held_steps: int = 3) -> list[int]:
