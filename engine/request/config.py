@@ -1,4 +1,4 @@
-"""Engine configuration: one dataclass, every knob the seed's claims are measured with."""
+"""Engine configuration: one dataclass, every knob the engine's design claims are measured with."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     prefill_chunk_size: int = 256  # largest prefill chunk one request gets in a step
     # Queued requests join the batch every this many steps (and on every finish). Every step, as vLLM does: at 4
-    # (the seed's "every 4-8 steps") a request waited up to 4 steps to join (mean TTFT 17.8 ms at 4 vs 12.0 ms at 1
+    # (the claim's "every 4-8 steps") a request waited up to 4 steps to join (mean TTFT 17.8 ms at 4 vs 12.0 ms at 1
     # in the rebatch-interval experiment), while scheduling costs ~1.3% of a step at any interval.
     rebatch_interval: int = 1
     # While a request's first token is out but its text is held back, the prefill chunks of requests ranked below

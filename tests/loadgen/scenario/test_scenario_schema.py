@@ -232,8 +232,7 @@ def test_embedded_engine_keeps_the_scenarios_ttft_promises():
     import argparse
 
     pytest.importorskip("torch")
-    from engine.server.server_args import add_server_arguments
-    from engine.server.server_args import config_from_args
+    from engine.server.server_args import add_server_arguments, config_from_args
     from loadgen.commands.plan import engine_shape
     from loadgen.target.embedded import engine_args
 
