@@ -4,8 +4,10 @@
 returns a cached folder for a variant name, either through indirect parametrization
 (`@pytest.mark.parametrize("hf_checkpoint", ["qwen3"], indirect=True)`) or "llama" by default.
 
-Strict targets (tests/loadgen/target/test_strict_targets.py): `transformers_serve`, a real `transformers serve` on a
-tiny Llama (`serve_checkpoint`, see tests/transformers_serve.py), and `strict_mock`, `slobench mock-server --strict`.
+Targets: `mock_server` starts `slobench mock-server`s for a test; `embedded_engine` is the reference engine in a
+process of its own, shared by a module. Strict targets (tests/loadgen/target/test_strict_targets.py):
+`transformers_serve`, a real `transformers serve` on a tiny Llama (`serve_checkpoint`, see tests/transformers_serve.py),
+and `strict_mock`, `slobench mock-server --strict`.
 """
 
 from __future__ import annotations
@@ -149,6 +151,19 @@ def mock_server():
     servers = MockServers()
     yield servers
     servers.stop_all()
+
+
+@pytest.fixture(scope="module")
+def embedded_engine(request, tmp_path_factory) -> str:
+    """URL of the reference engine served by a process of its own (`EmbeddedEngine`), shared by the module: the
+    `tiny` preset with the settings given by indirect parametrization
+    (`@pytest.mark.parametrize("embedded_engine", [{"max_num_seqs": 2}], indirect=True)`), else as it is."""
+    pytest.importorskip("torch")
+    from loadgen.target.embedded import EmbeddedEngine
+
+    config = {"model": "tiny", **getattr(request, "param", {})}
+    with EmbeddedEngine(config, log_path=tmp_path_factory.mktemp("engine") / "engine.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

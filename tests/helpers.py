@@ -40,6 +40,16 @@ def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+def finished_by_reason(url: str) -> dict[str, float]:
+    """An engine server's `vllm:request_success_total` per finished reason (stop, length, abort) so far."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:  # noqa: S310 (loopback)
+        text = r.read().decode()
+    return {s.labels["finished_reason"]: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "vllm:request_success_total"}
+
+
 class MockServers:
     """`servers(*mock-server flags) -> url`; every one started is stopped at the end of the test."""
 

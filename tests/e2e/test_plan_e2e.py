@@ -14,7 +14,6 @@ from loadgen.commands.common import UsageError
 from loadgen.commands.plan import build, cmd_plan, register
 from loadgen.planning.step_model import decode_step_s, prefill_s
 from loadgen.planning.step_timing import StepTimingSettings, fit_step_times
-from loadgen.target.embedded import EmbeddedEngine
 
 REPO = Path(__file__).resolve().parents[2]
 SHORT = StepTimingSettings(batches=(1, 6), contexts=(32, 160), output_tokens=12, prefill_lengths=(32, 96, 200),
@@ -27,15 +26,9 @@ def parse(*argv: str) -> argparse.Namespace:
     return ap.parse_args(["plan", *argv])
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    with EmbeddedEngine({"model": "tiny"}, log_path=tmp_path_factory.mktemp("engine") / "engine.log") as url:
-        yield url
-
-
 @pytest.mark.slow
-def test_probe_fits_a_sane_step_model(engine, tmp_path):
-    cal = fit_step_times(engine, SHORT, tmp_path)
+def test_probe_fits_a_sane_step_model(embedded_engine, tmp_path):
+    cal = fit_step_times(embedded_engine, SHORT, tmp_path)
     m = cal.model
     assert len(cal.observations) == len(SHORT.batches) * len(SHORT.contexts) + len(SHORT.prefill_lengths)
     assert cal.source == "server timing"  # the engine's own per-request timing
@@ -49,10 +42,10 @@ def test_probe_fits_a_sane_step_model(engine, tmp_path):
 
 
 @pytest.mark.slow
-def test_plan_calibrated_against_a_running_target(engine, tmp_path):
+def test_plan_calibrated_against_a_running_target(embedded_engine, tmp_path):
     out = tmp_path / "plan.json"
-    args = parse(str(REPO / "loadgen" / "scenarios" / "chat.yaml"), "--calibrate", engine, "--requests", "1500",
-                 "--draws", "1",
+    args = parse(str(REPO / "loadgen" / "scenarios" / "chat.yaml"), "--calibrate", embedded_engine,
+                 "--requests", "1500", "--draws", "1",
                  "--probe-batches", "1,6", "--probe-contexts", "32,160", "--probe-output", "12",
                  "--probe-prefill", "32,96,200", "--probe-rounds", "2", "--target-rps", "100", "--json", str(out),
                  "--plot", str(tmp_path / "plan.html"), "--load-point", "0.3", "--load-point-s", "3")
@@ -109,8 +102,7 @@ def test_a_capacity_run_gets_the_prediction_in_its_report(tmp_path):
     """--capacity-run leaves prediction.json in the run folder and redraws its report with the predicted
     curve beside the steps and the theory-only error; a capacity report without it says how to get one."""
     from loadgen.report import write_report
-
-    from .test_report_fixtures import make_capacity_run
+    from tests.run_folders import make_capacity_run
 
     run = make_capacity_run(tmp_path / "cap")
     assert "no prediction.json" in write_report(run).read_text()

@@ -18,7 +18,7 @@ import pytest
 from loadgen.capacity.step_stats import scraped_step_metrics
 from loadgen.report.data import RunData
 from loadgen.report.health import health
-from loadgen.results.scraped import breakdown_histogram_means, scrape_cost
+from loadgen.results.scraped import breakdown_histogram_means, histogram_mean_delta, scrape_cost
 from loadgen.results.server_metrics import SGLANG, TGI, TRTLLM, VLLM, detect
 from loadgen.target.scrape import Scraper, find_metrics_page, is_prometheus, parse_metrics
 from tests.helpers import ENV, REPO, slobench
@@ -181,7 +181,10 @@ def test_mock_flavor_pages_give_exact_breakdowns(mock_server, flavor):
     h = breakdown_histogram_means(before, after)
     assert h["source"] == f"{flavor} histograms" and h["requests"] == 3
     assert h["queue_ms"] == 0 and h["prefill_ms"] == pytest.approx(30.0, abs=1e-9)
-    assert 15.0 - 0.01 <= h["decode_ms"] < 15.0 + 500  # three gaps of 5 ms, and whatever the shared CPU adds
+    assert h["decode_ms"] >= 15.0 - 0.01  # three gaps of 5 ms: the last token no earlier than its due time
+    # the three parts add up to the server's own end-to-end mean: none is counted twice, none left out
+    e2e_s, n = histogram_mean_delta(before, after, detect(after).e2e)
+    assert n == 3 and h["queue_ms"] + h["prefill_ms"] + h["decode_ms"] == pytest.approx(e2e_s * 1000.0, rel=1e-9)
     if flavor == "trtllm":
         body, ctype = fetch(url + "/metrics")
         assert ctype.startswith("application/json") and json.loads(body) == []

@@ -1,9 +1,10 @@
-"""The calibration target: the mock's queueing mode measured against the exact simulation of its queue
+"""The calibration target: the mock's queueing mode against the exact simulation of its queue
 (loadgen/capacity/truth.py), and ``slobench calibrate`` end to end with a very short search."""
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import numpy as np
 import pytest
 
 from loadgen.capacity.truth import QueueParams, latencies
+from loadgen.target.mock.metrics_page import MockMetrics
+from loadgen.target.mock.slots import SlotQueue
 from tests.helpers import REPO, slobench
 
 C = 2
@@ -21,47 +24,77 @@ Q = QueueParams(slots=C, ttft_ms=10.0, prefill_ms_per_token=0.5, itl_ms=8.0)
 Q_DEFAULT = QueueParams()  # calibrate's default queue: 16 slots
 # (send offset ms, prompt tokens, answer tokens): a burst of 2C at once, then a late one behind the queue
 PLAN = [(0, 20, 4), (0, 60, 3), (0, 40, 5), (0, 20, 2), (40, 80, 3)]
-TOL_MS = 12.0  # the client's own overhead and a shared machine's scheduling; the queue steps are 40-70 ms
+ORDER_GAP_MS = 2.0  # within a burst, requests a small gap apart so the mock sees them in the listed (FIFO) order
+
+
+def slot_starts(arrive_s: np.ndarray, service_s: np.ndarray, slots: int) -> np.ndarray:
+    """When the mock's own ``SlotQueue`` gives each request its slot, on a made-up clock: arrivals at
+    ``arrive_s``, each slot freed ``service_s`` after its request got it (as the mock frees it at its last
+    token's due time)."""
+    queue = SlotQueue(slots, MockMetrics("mock"))
+    starts = np.full(len(arrive_s), np.nan)
+    events = [(t, 1, i) for i, t in enumerate(arrive_s)]  # (time, 0 = a slot frees / 1 = an arrival, request)
+    heapq.heapify(events)
+    tickets = {}
+
+    def granted(i: int):
+        def grant(start_s: float) -> None:
+            starts[i] = start_s
+            heapq.heappush(events, (start_s + service_s[i], 0, i))
+        return grant
+
+    while events:
+        t, kind, i = heapq.heappop(events)
+        if kind == 1:
+            tickets[i] = queue.arrive(t, granted(i))
+        else:
+            queue.finish(tickets[i], t)
+    assert queue.waiting == 0 and queue.served == 0
+    return starts
+
+
+def test_queueing_mock_ttfts_match_the_simulation():
+    """The mock's slot queue gives every request of the plan the wait, and so the TTFT, that the simulation
+    computes for it: exactly, on the same arrival times (no server, no clock)."""
+    arrive = np.array([off + i * ORDER_GAP_MS for i, (off, _, _) in enumerate(PLAN)]) / 1000.0
+    n_in = np.array([p[1] for p in PLAN], float)
+    n_out = np.array([p[2] for p in PLAN], float)
+    sim = latencies(arrive, n_in, n_out, Q)
+    wait_ms = (slot_starts(arrive, Q.service_s(n_in, n_out), C) - arrive) * 1000.0
+    assert np.all(wait_ms[:C] == 0) and np.all(sim["wait_ms"][C:] > 20)  # the burst's last two and the late one
+    assert wait_ms == pytest.approx(sim["wait_ms"], abs=1e-9)
+    assert wait_ms + Q.prefill_s(n_in) * 1000.0 == pytest.approx(sim["ttft_ms"], abs=1e-9)
 
 
 async def _one(session: aiohttp.ClientSession, url: str, t0: float, offset_ms: float, n_in: int, n_out: int):
     await asyncio.sleep(max(0.0, t0 + offset_ms / 1000.0 - time.monotonic()))
     body = {"model": "mock", "prompt": list(range(n_in)), "max_tokens": n_out, "stream": True,
             "stream_options": {"include_usage": True}}
-    sent, first, timing = time.monotonic(), None, None
+    timing = None
     async with session.post(url + "/v1/completions", json=body) as r:
         async for line in r.content:
             if line.startswith(b"data: {"):
-                obj = json.loads(line[6:])
-                if obj["choices"] and first is None:
-                    first = time.monotonic()
-                timing = obj.get("timing", timing)
-    return sent, (first - sent) * 1000.0, timing
+                timing = json.loads(line[6:]).get("timing", timing)
+    return timing
 
 
-async def _send(url: str, plan, order_gap_ms: float = 2.0):
+async def _send(url: str, plan, order_gap_ms: float = ORDER_GAP_MS):
     async with aiohttp.ClientSession() as s:
         await asyncio.gather(*[s.get(url + "/health") for _ in plan])  # connections open before the clock
         t0 = time.monotonic() + 0.05
-        # within the burst, a small gap apart so the mock sees them in the listed (FIFO) order
         return await asyncio.gather(*[_one(s, url, t0, off + i * order_gap_ms, n_in, n_out)
                                       for i, (off, n_in, n_out) in enumerate(plan)])
 
 
-def test_queueing_mock_ttfts_match_the_simulation(mock_server):
+def test_queueing_mock_serves_c_at_once_and_queues_the_rest(mock_server):
+    """The running mock with C slots: the first C of the burst get a slot at once, the rest of the plan waits
+    for one (the mock's own timing says so), and each prefill takes its configured time."""
     url = mock_server("--slots", C, "--ttft-ms", Q.ttft_ms, "--prefill-ms-per-token", Q.prefill_ms_per_token,
                       "--itl-ms", Q.itl_ms)
-    got = asyncio.run(_send(url, PLAN))
-    sent = np.array([g[0] for g in got])
-    sim = latencies(sent - sent.min(), np.array([p[1] for p in PLAN], float), np.array([p[2] for p in PLAN], float),
-                    Q)
-    measured = np.array([g[1] for g in got])
-    assert np.all(np.abs(measured - sim["ttft_ms"]) < TOL_MS), (measured, sim["ttft_ms"])
-    # the queue itself: the first C wait nothing, the rest the simulated wait (the server's own clock)
-    queue = np.array([g[2]["queue_ms"] for g in got])
-    assert np.all(queue[:C] == 0)
-    assert np.all(sim["wait_ms"][C:] > 20) and np.all(np.abs(queue - sim["wait_ms"]) < 5.0), (queue, sim["wait_ms"])
-    assert [g[2]["prefill_ms"] for g in got] == [Q.ttft_ms + Q.prefill_ms_per_token * p[1] for p in PLAN]
+    timings = asyncio.run(_send(url, PLAN))
+    queue = np.array([t["queue_ms"] for t in timings])
+    assert np.all(queue[:C] == 0) and np.all(queue[C:] > 0), queue
+    assert [t["prefill_ms"] for t in timings] == [Q.ttft_ms + Q.prefill_ms_per_token * p[1] for p in PLAN]
 
 
 def test_queueing_mock_metrics_show_running_and_waiting(mock_server):

@@ -66,6 +66,24 @@ def test_the_rating_is_the_offered_rate_of_the_deciding_steps(plan):
     json.dumps(s, allow_nan=False)
 
 
+def test_the_headline_is_the_offered_rate_in_the_verdict_and_printed_once(plan, capsys, monkeypatch):
+    from loadgen.commands.capacity import print_verdict
+
+    out = search(plan, lambda load: load <= 10)  # draw 0 offers 88 % of the requested rate
+    s = build_summary(plan, out, meta={}, duration_s=1.0, complete=True, stopped=None)
+    rc = s["rated_capacity"]
+    assert rc["rate_rps"] < rc["requested_rps"]
+    head = f"rated capacity {rc['rate_rps']:.3g} req/s offered (requested {rc['requested_rps']:.3g} req/s)"
+    assert s["headline"] == head and s["verdict_text"].startswith(head + ": every SLO held at ")
+    assert f"{rc['requested_rps']:.3g} req/s requested and broke at" in s["search_text"]
+    assert "rated capacity" not in s["search_text"]
+    monkeypatch.setenv("COLUMNS", "400")
+    print_verdict(s)
+    printed = capsys.readouterr().out
+    assert printed.count("rated capacity") == 1 and printed.splitlines()[0].startswith(head)
+    assert f"search: {s['search_text']}" in printed
+
+
 def test_offered_rate_pools_windows():
     assert offered_rate([{"offered_rps": 10.0, "window_s": [0, 10]}, {"offered_rps": 20.0, "window_s": [0, 30]}]) \
         == pytest.approx(17.5)

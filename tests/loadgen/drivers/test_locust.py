@@ -196,12 +196,12 @@ def test_slo_ramp_stops_with_a_nonzero_exit_when_ttft_breaks(mock_server, tmp_pa
     scn = scenario(tmp_path, "name: ramp\nworkload: {input_len: 8, output_len: 4}\n"
                              "tiers: {premium: {weight: 1, slo: {ttft_ms: 25}}, basic: {weight: 1}}\n"
                              "load: {arrival: poisson, rate: 5, requests: 10}\n")
-    t = time.monotonic()
     r = locust("--host", url, "--slobench-scenario", scn, "--slobench-steps", "20,40,80", "--slobench-step-s", 4,
                "--slobench-out", tmp_path / "run")
     assert r.returncode == 3, r.stderr[-3000:]
-    assert time.monotonic() - t < 30  # it stopped at the first step, not after all three
     v = json.loads((tmp_path / "run" / "locust_stages.json").read_text())
+    # it stopped at the first step: the two after it were never judged, and nothing was sent in them
+    assert [(s["stage"], s["passed"]) for s in v["stages"]] == [(0, False), (1, None), (2, None)]
     assert v["slo_broken"]["stage"] == 0 and v["slo_broken"]["tier"] == "premium"
     assert v["slo_broken"]["value_ms"] > 25 and v["highest_passing_load"] is None
     recs = read_records(tmp_path / "run" / "requests.jsonl")
@@ -215,11 +215,11 @@ def test_slo_ramp_stops_with_a_nonzero_exit_when_ttft_breaks(mock_server, tmp_pa
     assert [s["passed"] for s in v["stages"]] == [True, True] and v["highest_passing_load"] == 20
 
 
-def test_locust_and_aiohttp_drivers_agree_on_ttft(mock_server, tmp_path):
+def test_locust_and_aiohttp_drivers_send_one_schedule_and_record_it_alike(mock_server, tmp_path):
     url = mock_server("--ttft-ms", 50, "--itl-ms", 4, "--tokens", 8)
     scn = scenario(tmp_path, "name: parity\nseed: 7\nworkload: {input_len: 16, output_len: 8}\n"
                              "load: {arrival: poisson, rate: 15, requests: 120}\n")
-    out = {}
+    out, scheduled = {}, {}
     for driver in ("aiohttp", "locust"):
         r = slobench("run", scn, "--target", url, "--driver", driver, "--reports", tmp_path, "--run-id", driver,
                      "--no-scrape", "--lateness-bound-ms", 50, "--json")
@@ -227,11 +227,14 @@ def test_locust_and_aiohttp_drivers_agree_on_ttft(mock_server, tmp_path):
         out[driver] = json.loads((tmp_path / driver / "summary.json").read_text())
         recs = read_records(tmp_path / driver / "requests.jsonl")
         assert len(recs) == 120 and all(x["status"] == "ok" and len(x["token_s"]) == 8 for x in recs)
-    a, b = out["aiohttp"]["median_ttft_ms"], out["locust"]["median_ttft_ms"]
-    assert 50 <= a < 80 and 50 <= b < 80
-    assert abs(a - b) / a < 0.10, (a, b)
-    assert abs(out["aiohttp"]["median_tpot_ms"] - out["locust"]["median_tpot_ms"]) < 1.0
-    # and the summaries are built the same way from the same record format
+        # each TTFT no shorter than the mock's own queue + prefill, as the record carries them from its stream
+        # (less 1 ms: the mock's uvloop timers have 1 ms resolution and may fire a little early)
+        assert all(x["server"]["prefill_ms"] == 50 and (x["first_token_s"] - x["sent_s"]) * 1000
+                   >= x["server"]["queue_ms"] + x["server"]["prefill_ms"] - 1.0 for x in recs)
+        scheduled[driver] = {x["id"]: x["scheduled_s"] for x in recs}
+    # the very same schedule, request by request (how closely each driver keeps it and times the tokens is
+    # bench/locust_bench.py's measurement), and the summaries built the same way from the same record format
+    assert scheduled["locust"] == pytest.approx(scheduled["aiohttp"], abs=1e-6)
     assert set(out["aiohttp"]) - {"driver"} <= set(out["locust"]) | {"driver"}
 
 
@@ -259,14 +262,15 @@ def test_capacity_step_call_puts_records_on_the_callers_clock(mock_server, tmp_p
         await driver.close()
 
     run_sync(step)
+    ended = time.monotonic()
     sink.close()
     recs = sink.step_records
     assert driver.in_flight() is None and driver.abort_reason is None
     assert len(recs) == 20 and {r.stage for r in recs} == {4} and all(r.status == "ok" for r in recs)
     sched = np.array([r.scheduled_s for r in recs])
     assert np.allclose(np.sort(sched), [s.arrival_s for s in specs])
-    late = np.array([r.sent_s - r.scheduled_s for r in recs])
-    assert late.min() >= 0 and np.median(late) < 0.02
+    # on the caller's clock: each sent no earlier than scheduled, and done before the call returned
+    assert all(r.scheduled_s <= r.sent_s <= r.done_s <= ended - t0 for r in recs)
     assert len(read_records(tmp_path / "all.jsonl")) == 20
     assert summarize([json.loads(r.to_json()) for r in recs])["completed"] == 20
     assert driver.progress.done == 20 and driver.progress.errors == 0

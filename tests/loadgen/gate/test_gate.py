@@ -13,7 +13,7 @@ import pytest
 
 from loadgen import gate as G
 from loadgen.cli import main
-from tests.loadgen.report.test_report_fixtures import make_capacity_run, make_fixed_run
+from tests.run_folders import make_capacity_run, make_fixed_run
 
 from .test_gate_intervals import without_interval
 

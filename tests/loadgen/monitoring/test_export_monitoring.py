@@ -23,7 +23,7 @@ FIGURES = {"ttft_p99_ms": 300.0, "output_tok_s": 1000.0, "kv_usage": 0.1, "batch
 BASE = {TTFT.key: 300.0, TOKEN_RATE.key: 1000.0, KV.key: 0.1, BATCH_FILL.key: 0.6, REJECTIONS.key: 0.0}
 PANEL_TYPES = {"timeseries", "text", "stat", "gauge", "graph", "table", "row"}
 promtool = pytest.mark.skipif(shutil.which("promtool") is None,
-                              reason="promtool is not installed (apt-get install prometheus)")
+                              reason="promtool is not installed (scripts/install-promtool.sh)")
 
 
 def export(tmp_path, *flags) -> tuple[dict, dict, str]:

@@ -337,22 +337,16 @@ def test_watch_the_mock_within_its_baseline_exits_0(mock_server, tmp_path):
 
 # ------------------------------------------------------------------------ against the embedded engine
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    pytest.importorskip("torch")
-    from loadgen.target.embedded import EmbeddedEngine
-
-    with EmbeddedEngine({"model": "tiny", "max_num_seqs": 2},
-                        tmp_path_factory.mktemp("engine") / "engine.log") as url:
-        yield url
+TWO_SLOTS = pytest.mark.parametrize("embedded_engine", [{"max_num_seqs": 2}], indirect=True, ids=["two-slots"])
 
 
 @pytest.mark.slow
-def test_watch_the_engine_queued_past_its_baseline_exits_1(engine, tmp_path):
+@TWO_SLOTS
+def test_watch_the_engine_queued_past_its_baseline_exits_1(embedded_engine, tmp_path):
     # two batch slots, eight users of 32 tokens each: requests queue, TTFT far over a 10 ms baseline
     run = write_run(tmp_path / "base", ttft_p99_ms=10.0, output_tok_s=1.0, kv_usage=0.9, batch_fill=0.01)
-    with Load(engine, users=8, max_tokens=32, model="tiny"):
-        code, lines = run_watch(engine, "--baseline", run, *WATCH_FAST)
+    with Load(embedded_engine, users=8, max_tokens=32, model="tiny"):
+        code, lines = run_watch(embedded_engine, "--baseline", run, *WATCH_FAST)
     looks = lines[:-1]
     assert code == 1 and TTFT.key in lines[-1]["sustained"]
     assert {look["server"] for look in looks} == {"slobench"}
@@ -361,11 +355,12 @@ def test_watch_the_engine_queued_past_its_baseline_exits_1(engine, tmp_path):
 
 
 @pytest.mark.slow
-def test_watch_the_engine_within_its_baseline_exits_0(engine, tmp_path):
+@TWO_SLOTS
+def test_watch_the_engine_within_its_baseline_exits_0(embedded_engine, tmp_path):
     run = write_run(tmp_path / "base", ttft_p99_ms=5000.0, output_tok_s=1.0, kv_usage=0.9, batch_fill=0.01,
                     running=100.0)
-    with Load(engine, users=1, max_tokens=16, model="tiny"):
-        code, lines = run_watch(engine, "--baseline", run, *WATCH_FAST)
+    with Load(embedded_engine, users=1, max_tokens=16, model="tiny"):
+        code, lines = run_watch(embedded_engine, "--baseline", run, *WATCH_FAST)
     last = lines[-2]
     assert code == 0 and lines[-1]["sustained"] == []
     assert last["signals"][TTFT.key]["state"] == OK and last["ttft_requests"] > 0

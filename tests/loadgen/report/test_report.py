@@ -20,8 +20,7 @@ from loadgen.report import auto_report, write_compare, write_report
 from loadgen.report import data as d
 from loadgen.report.html import script_json
 from loadgen.results.export import export_records, records_table
-
-from .test_report_fixtures import XSS, make_capacity_run, make_empty_run, make_fixed_run, write_run
+from tests.run_folders import XSS, make_capacity_run, make_empty_run, make_fixed_run, write_run
 
 REPO = Path(__file__).resolve().parents[3]
 

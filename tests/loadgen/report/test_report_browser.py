@@ -25,8 +25,7 @@ import aiohttp
 import pytest
 
 from loadgen.report import write_compare, write_report
-
-from .test_report_fixtures import make_capacity_run, make_empty_run, make_fixed_run
+from tests.run_folders import make_capacity_run, make_empty_run, make_fixed_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (scripts/install-chromium.sh)")

@@ -14,9 +14,9 @@ from loadgen.capacity.crossing import slo_crossing
 from loadgen.report import data as d
 from loadgen.report import write_compare, write_report
 from loadgen.report.html import fmt
+from tests.run_folders import make_capacity_run, write_run
 
 from .test_report import _plots, plots_by_title
-from .test_report_fixtures import make_capacity_run, write_run
 
 EVIDENCE = "The rating's evidence: requests over each SLO against offered load"
 

@@ -14,7 +14,7 @@ from loadgen.capacity.step_stats import tier_entry
 from loadgen.results.outcomes import OUTCOMES, outcome, shed_allowance, within_shed_budget
 from loadgen.results.records import RequestRecord
 from loadgen.results.slo import SLO
-from tests.helpers import MockServers, slobench
+from tests.helpers import slobench
 
 MIXED = """\
 name: outcomes
@@ -32,19 +32,12 @@ load: {arrival: poisson, rate: 30, requests: 90}
 """
 
 
-@pytest.fixture
-def servers():
-    s = MockServers()
-    yield s
-    s.stop_all()
-
-
 def records_of(folder) -> list[dict]:
     return [json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines()]
 
 
-def test_every_outcome_class_from_the_matching_server_behaviour(tmp_path, servers):
-    url = servers("--ttft-ms", 80, "--itl-ms", 1, "--tokens", 4, "--refuse", "429:4:2", "--refuse", "503:5",
+def test_every_outcome_class_from_the_matching_server_behaviour(tmp_path, mock_server):
+    url = mock_server("--ttft-ms", 80, "--itl-ms", 1, "--tokens", 4, "--refuse", "429:4:2", "--refuse", "503:5",
                   "--refuse", "529:7", "--refuse", "500:11")
     scn = tmp_path / "mixed.yaml"
     scn.write_text(MIXED)
@@ -106,9 +99,9 @@ def test_the_budget_is_a_share_of_the_planned_requests_while_a_step_runs():
     assert within_shed_budget(rs, 0.01, of=100) == rs[1:]  # ... of the 100 planned, one
 
 
-def test_retries_honour_retry_after_and_are_counted(tmp_path, servers):
+def test_retries_honour_retry_after_and_are_counted(tmp_path, mock_server):
     log = tmp_path / "mock.jsonl"
-    url = servers("--ttft-ms", 5, "--itl-ms", 1, "--tokens", 4, "--refuse", "429:2:0.3", "--log-requests", log)
+    url = mock_server("--ttft-ms", 5, "--itl-ms", 1, "--tokens", 4, "--refuse", "429:2:0.3", "--log-requests", log)
     scn = tmp_path / "retry.yaml"
     scn.write_text("name: retry\nworkload: {type: synthetic, input_len: {dist: fixed, value: 16}, "
                    "output_len: {dist: fixed, value: 4}}\ntiers: {standard: {slo: {ttft_ms: 2000}}}\n"

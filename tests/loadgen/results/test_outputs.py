@@ -13,15 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.capacity.headline import headline, search_account
-from loadgen.capacity.run import build_summary
 from loadgen.capacity.steps_csv import SLO_FIGURES, write_steps_csv
-from loadgen.commands.capacity import print_verdict
 from loadgen.results.export import COLUMNS, export_records, records_table
 from loadgen.results.records import RequestRecord
 from loadgen.results.rundir import SCHEMA_VERSION, write_summary
 from tests.helpers import MockServers, slobench
-from tests.loadgen.capacity.test_capacity_rated import rated_plan, search
-from tests.loadgen.report.test_report_fixtures import make_capacity_run, make_fixed_run
+from tests.run_folders import make_capacity_run, make_fixed_run
 
 FIXED = "name: out-fixed\nworkload: {input_len: 8, output_len: 4}\nload: {arrival: poisson, rate: 40, requests: 12}\n"
 CAPACITY = ("name: out-cap\nworkload: {input_len: 8, output_len: 4}\n"
@@ -218,27 +215,6 @@ def test_capacity_run_parquet_maps_each_record_to_its_step_load(runs):
 
 
 # ------------------------------------------------------------------ one headline
-
-
-@pytest.fixture
-def plan(tmp_path):
-    return rated_plan(tmp_path)
-
-
-def test_the_headline_is_the_offered_rate_in_the_verdict_and_printed_once(plan, capsys, monkeypatch):
-    out = search(plan, lambda load: load <= 10)  # draw 0 offers 88 % of the requested rate
-    s = build_summary(plan, out, meta={}, duration_s=1.0, complete=True, stopped=None)
-    rc = s["rated_capacity"]
-    assert rc["rate_rps"] < rc["requested_rps"]
-    head = f"rated capacity {rc['rate_rps']:.3g} req/s offered (requested {rc['requested_rps']:.3g} req/s)"
-    assert s["headline"] == head and s["verdict_text"].startswith(head + ": every SLO held at ")
-    assert f"{rc['requested_rps']:.3g} req/s requested and broke at" in s["search_text"]
-    assert "rated capacity" not in s["search_text"]
-    monkeypatch.setenv("COLUMNS", "400")
-    print_verdict(s)
-    printed = capsys.readouterr().out
-    assert printed.count("rated capacity") == 1 and printed.splitlines()[0].startswith(head)
-    assert f"search: {s['search_text']}" in printed
 
 
 def test_a_capacity_run_prints_its_headline_once(runs):

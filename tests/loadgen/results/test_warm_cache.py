@@ -7,8 +7,6 @@ import json
 
 import pytest
 
-from engine import Engine, EngineConfig
-from engine.server.testing import BackgroundServer
 from loadgen.results.prefix_cache import WARM_MARGIN, prefix_cache_check
 from loadgen.workload.sharing import PrefixShare
 from loadgen.workload.specs import BlockPrompt, RequestSpec, Segment
@@ -95,19 +93,15 @@ load: {arrival: poisson, rate: 8, requests: 16}
 
 
 @pytest.mark.slow
-def test_a_repeated_seed_against_a_running_server_is_flagged(tmp_path):
-    server = BackgroundServer(Engine(EngineConfig(model="tiny", admission="queue-length"))).start()
-    try:
-        scn = tmp_path / "warm.yaml"
-        scn.write_text(SCENARIO)
-        out = []
-        for k in range(2):
-            r = slobench("run", scn, "--target", server.url, "--out", tmp_path / f"run{k}", "--no-report")
-            assert r.returncode == 0, r.stderr
-            out.append(json.loads((tmp_path / f"run{k}" / "summary.json").read_text()))
-            assert out[-1]["completed"] == 16
-    finally:
-        server.stop()
+def test_a_repeated_seed_against_a_running_server_is_flagged(engine_server, tmp_path):
+    scn = tmp_path / "warm.yaml"
+    scn.write_text(SCENARIO)
+    out = []
+    for k in range(2):
+        r = slobench("run", scn, "--target", engine_server.url, "--out", tmp_path / f"run{k}", "--no-report")
+        assert r.returncode == 0, r.stderr
+        out.append(json.loads((tmp_path / f"run{k}" / "summary.json").read_text()))
+        assert out[-1]["completed"] == 16
     first, second = out[0]["prefix_cache"], out[1]["prefix_cache"]
     assert first["expected_hit_rate"] == 0.0 and second["expected_hit_rate"] == 0.0
     assert first["warm_cache"] is False, first

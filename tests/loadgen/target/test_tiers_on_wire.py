@@ -13,7 +13,7 @@ import yaml
 from loadgen.scenario.model import ScenarioError
 from loadgen.scenario.parse import parse_scenario
 from loadgen.target.request_shape import tier_priorities
-from tests.helpers import MockServers, slobench
+from tests.helpers import slobench
 
 SCENARIO = """\
 name: three-tiers
@@ -25,13 +25,6 @@ tiers:
 seed: 3
 load: {{arrival: poisson, rate: 40, requests: 30}}
 {client}"""
-
-
-@pytest.fixture
-def servers():
-    s = MockServers()
-    yield s
-    s.stop_all()
 
 
 def run(tmp_path, url: str, *, standard: str = "", client: str = "") -> tuple[object, list[dict]]:
@@ -48,9 +41,9 @@ def received(log) -> list[dict]:
     return [r for r in rows if isinstance(r["body"], dict) and r["body"].get("max_tokens") == 4]
 
 
-def test_each_tier_carries_its_priority_and_headers(tmp_path, servers):
+def test_each_tier_carries_its_priority_and_headers(tmp_path, mock_server):
     log = tmp_path / "mock.jsonl"
-    url = servers("--ttft-ms", 2, "--itl-ms", 1, "--log-requests", log)
+    url = mock_server("--ttft-ms", 2, "--itl-ms", 1, "--log-requests", log)
     r, records = run(tmp_path, url, standard=", priority: 7")
     assert r.returncode == 0, r.stderr
     got = received(log)
@@ -66,9 +59,9 @@ def test_each_tier_carries_its_priority_and_headers(tmp_path, servers):
         "ignores it)"]
 
 
-def test_a_server_that_refuses_priority_is_probed_and_the_run_goes_on_without_it(tmp_path, servers):
+def test_a_server_that_refuses_priority_is_probed_and_the_run_goes_on_without_it(tmp_path, mock_server):
     log = tmp_path / "mock.jsonl"
-    url = servers("--ttft-ms", 2, "--itl-ms", 1, "--fcfs", "--log-requests", log)
+    url = mock_server("--ttft-ms", 2, "--itl-ms", 1, "--fcfs", "--log-requests", log)
     r, records = run(tmp_path, url)
     assert r.returncode == 0, r.stderr
     assert len(records) == 30 and all(x["status"] == "ok" for x in records)
@@ -81,18 +74,18 @@ def test_a_server_that_refuses_priority_is_probed_and_the_run_goes_on_without_it
     assert "Priority scheduling is not enabled" in summary["target_probe"]["rejections"]["priority"]
 
 
-def test_asking_for_priority_from_a_server_that_refuses_it_is_one_line_and_exit_2(tmp_path, servers):
+def test_asking_for_priority_from_a_server_that_refuses_it_is_one_line_and_exit_2(tmp_path, mock_server):
     log = tmp_path / "mock.jsonl"
-    url = servers("--ttft-ms", 2, "--itl-ms", 1, "--fcfs", "--log-requests", log)
+    url = mock_server("--ttft-ms", 2, "--itl-ms", 1, "--fcfs", "--log-requests", log)
     r, _ = run(tmp_path, url, client="client: {send_priority: true}")
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "client.send_priority: the target rejects priority" in r.stderr
     assert received(log) == []  # nothing of the load was sent
 
 
-def test_send_priority_false_sends_none(tmp_path, servers):
+def test_send_priority_false_sends_none(tmp_path, mock_server):
     log = tmp_path / "mock.jsonl"
-    url = servers("--ttft-ms", 2, "--itl-ms", 1, "--log-requests", log)
+    url = mock_server("--ttft-ms", 2, "--itl-ms", 1, "--log-requests", log)
     r, _ = run(tmp_path, url, client="client: {send_priority: false}")
     assert r.returncode == 0, r.stderr
     got = received(log)

@@ -292,6 +292,7 @@ def test_a_mooncake_trace_keeps_its_prefix_sharing_as_text():
     pairs = [tuple(specs[:2]), *deep]  # every row starts with block 0 (the trace's system prompt)
     hash_ids = {s.id: s.prompt.hash_ids for p in pairs for s in p}
     to_text([s for p in pairs for s in p], m)
+    parted = 0  # pairs whose blocks part after the shared ones
     for a, b in pairs:
         ha, hb = hash_ids[a.id], hash_ids[b.id]
         k = next((n for n, (x, y) in enumerate(zip(ha, hb, strict=False)) if x != y), min(len(ha), len(hb)))
@@ -301,6 +302,8 @@ def test_a_mooncake_trace_keeps_its_prefix_sharing_as_text():
         assert k >= 1 and ia[:shared] == ib[:shared]
         if k < min(len(ha), len(hb)):  # then the next blocks differ
             assert ia[shared: shared + 16] != ib[shared: shared + 16]
+            parted += 1
+    assert parted >= 1, "no pair's blocks part: the check that different hash ids give different text never ran"
 
 
 def test_conversation_history_is_a_text_prefix_of_the_next_turn():

@@ -1,4 +1,5 @@
-"""Builders of recorded run folders for the report and gate tests (records + metrics + summary).
+"""Builders of recorded run folders (records + metrics + summary), for the tests of what reads them: the
+report, the gate, the outputs, the planner's prediction.
 
 ``make_capacity_run`` writes a capacity search (ramp then bisect) with two tiers whose TTFT grows with
 load; ``make_fixed_run`` a single-level ``slobench run``. Both use the record and summary contracts of
