@@ -144,11 +144,11 @@ def test_the_template_is_valid_for_capacity_and_comments_every_field():
 
     path = resolve_scenario("your-server")
     scn = load_scenario(path)
-    plan = CapacitySettings.from_scenario(scn)
+    settings = CapacitySettings.from_scenario(scn)
     assert (scn.synthetic.input_len.value, scn.synthetic.output_len.value) == (512, 128)
-    assert scn.tier_slos == {"standard": {"ttft_ms": 500.0}} and plan.step.quantile == 0.99
-    assert (plan.search.start, plan.search.growth, plan.step.step_duration_s) == (1.0, 2.0, 30.0)
-    assert plan.search.max_duration_s is not None and scn.lateness_bound_ms == 10
+    assert scn.tier_slos == {"standard": {"ttft_ms": 500.0}} and settings.step.quantile == 0.99
+    assert (settings.search.start, settings.search.growth, settings.step.step_duration_s) == (1.0, 2.0, 30.0)
+    assert settings.search.max_duration_s is not None and scn.lateness_bound_ms == 10
     assert not scn.engine
     fields = [line for line in path.read_text(encoding="utf-8").splitlines()
               if line.strip() and not line.lstrip().startswith("#")]

@@ -1,2 +1,2 @@
-"""``slobench capacity``: the pure search, the plan and each step's requests, one measured step, its
+"""``slobench capacity``: the pure search, the settings and each step's requests, one measured step, its
 early-stop policy and statistics, and the whole run with its summary."""

@@ -21,7 +21,7 @@ request still waiting the time it has waited, a lower bound). A step is decided 
   settled requests discounted by their lag-1 autocorrelation, for the same reason: a window can miss a
   queue's slow stretches); a p99 needs some 300 independent settled requests before it can pass so.
   A mean SLO has no sequential test (the test is of a quantile's share of requests over the threshold, a
-  binomial count; a mean has no such count), so a step of a plan with a mean SLO never passes by
+  binomial count; a mean has no such count), so a step judged on a mean SLO never passes by
   confidence: it passes clearly, or at its cap; it breaks by a certain breach or at its cap (or by a
   quantile SLO's test).
 - **clear pass** (ramp steps only, ``early_pass``, after ``min_window_s`` of the window): every SLO's
@@ -59,24 +59,24 @@ CLEAR_PASS_MIN = 30  # settled requests before a step may pass early
 MEAN_MIN_SAMPLES = 30  # a window's requests for a tier whose SLOs are all means
 
 
-def min_samples(plan: CapacitySettings, tier: str) -> int:
+def min_samples(settings: CapacitySettings, tier: str) -> int:
     """The planned requests of ``tier`` a step's window should hold (0: no rule)."""
-    if plan.step.min_samples is not None:
-        return plan.step.min_samples
-    slos = plan.slos.get(tier, [])
+    if settings.step.min_samples is not None:
+        return settings.step.min_samples
+    slos = settings.slos.get(tier, [])
     if slos and all(s.is_mean for s in slos):
         return MEAN_MIN_SAMPLES
-    return math.ceil(1.0 / (1.0 - plan.quantile(tier)) - 1e-9)
+    return math.ceil(1.0 / (1.0 - settings.quantile(tier)) - 1e-9)
 
 
-def step_length_s(plan: CapacitySettings, arrivals: Sequence[tuple[float, str]]) -> float:
+def step_length_s(settings: CapacitySettings, arrivals: Sequence[tuple[float, str]]) -> float:
     """How long a step sends, its arrivals ``(time from the step's start, tier)`` planned up to
     ``max_step_duration_s``: ``step_duration_s``, or past the arrival that gives every judged tier
     ``min_samples`` requests after the longest warm-up (halfway to the next), at most ``max_step_duration_s``."""
-    opts = plan.step
+    opts = settings.step
     length = opts.step_duration_s
-    for tier, slos in plan.slos.items():
-        need = min_samples(plan, tier) if slos else 0
+    for tier, slos in settings.slos.items():
+        need = min_samples(settings, tier) if slos else 0
         if need <= 0:
             continue
         times = sorted(a for a, t in arrivals if t == tier and a >= opts.max_warmup_s)
@@ -87,9 +87,9 @@ def step_length_s(plan: CapacitySettings, arrivals: Sequence[tuple[float, str]])
     return min(length, opts.max_step_duration_s)
 
 
-def min_window_s(plan: CapacitySettings) -> float:
+def min_window_s(settings: CapacitySettings) -> float:
     """Steady state after the warm-up before a clear pass may be declared."""
-    return min(2.0, plan.step.window_s)
+    return min(2.0, settings.step.window_s)
 
 
 @dataclass
@@ -103,12 +103,12 @@ class Decision:
 class StepLooks:
     """The looks of one step's window [w0, w1) (``planned``: its requests per tier, open loop)."""
 
-    def __init__(self, plan: CapacitySettings, w0: float, w1: float, planned: Counter, phase: str):
-        self.plan, self.w0, self.w1, self.planned, self.phase = plan, w0, w1, planned, phase
-        self.horizon = max(s.threshold_ms for ss in plan.slos.values() for s in ss) / 1000.0
-        opts = plan.step
-        keys = [(tier, slo) for tier, slos in plan.slos.items() for slo in slos if not slo.is_mean]
-        self.has_mean = any(slo.is_mean for slos in plan.slos.values() for slo in slos)  # no confidence pass
+    def __init__(self, settings: CapacitySettings, w0: float, w1: float, planned: Counter, phase: str):
+        self.settings, self.w0, self.w1, self.planned, self.phase = settings, w0, w1, planned, phase
+        self.horizon = max(s.threshold_ms for ss in settings.slos.values() for s in ss) / 1000.0
+        opts = settings.step
+        keys = [(tier, slo) for tier, slos in settings.slos.items() for slo in slos if not slo.is_mean]
+        self.has_mean = any(slo.is_mean for slos in settings.slos.values() for slo in slos)  # no confidence pass
         self.tests = {(tier, slo.metric): SequentialTest(slo.quantile, opts.alpha, opts.alpha_spending)
                       for tier, slo in keys}  # the breach side
         self.pass_tests = {(tier, slo.metric): SequentialTest(slo.quantile, opts.alpha, opts.alpha_spending)
@@ -124,14 +124,14 @@ class StepLooks:
     def look(self, records: Sequence[RequestRecord], t: float, final: bool = False) -> Decision | None:
         """One look at time ``t``; ``final``: the window is over and every record is finished."""
         self.looks += 1
-        plan = self.plan
+        settings = self.settings
         by_tier: dict[str, list[RequestRecord]] = {}
         for r in records:
             if self.w0 <= r.scheduled_s < self.w1:
                 by_tier.setdefault(r.tier or "none", []).append(r)
         frac = 1.0 if final else self.fraction(t)
         breach: Decision | None = None
-        for tier, slos in plan.slos.items():
+        for tier, slos in settings.slos.items():
             rs = by_tier.get(tier, [])
             if slos:  # the refusals within the tier's shed budget are not judged (results.outcomes)
                 rs = within_shed_budget(sorted(rs, key=lambda r: r.scheduled_s), max(s.max_shed for s in slos),
@@ -141,7 +141,7 @@ class StepLooks:
                 vals = np.asarray([latency.slo_value(r, slo.metric, t) for r in rs], dtype=float)
                 known = ~np.isnan(vals)
                 what = f"{tier} {slo.label} {slo.metric[:-3].upper()} over {slo.threshold_ms:g} ms"
-                if breach is None and not plan.closed and not final and rs and breach_certain(
+                if breach is None and not settings.closed and not final and rs and breach_certain(
                         vals[known], self.planned.get(tier, 0), slo):
                     n_over = int((vals[known] > slo.threshold_ms).sum())
                     breach = Decision("breach", "certain", f"{what} whatever follows: {n_over} of "
@@ -150,7 +150,7 @@ class StepLooks:
                 ordered = vals[settled][np.argsort(sched[settled], kind="stable")]
                 flags = ordered > slo.threshold_ms
                 n, over = int(settled.sum()), int(flags.sum())
-                events = clusters(flags, plan.step.decluster_run)
+                events = clusters(flags, settings.step.decluster_run)
                 self.samples.setdefault(tier, {})[slo.metric] = n
                 if slo.is_mean:  # no sequential test of a mean (see the module's docstring)
                     continue
@@ -160,32 +160,32 @@ class StepLooks:
                 if test.look(frac, n, over, pass_side=False, events=events) == "breach" and breach is None:
                     breach = Decision("breach", "confidence",
                                       f"{what}: {over} of {n} settled requests over it ({events} runs), past the "
-                                      f"sequential boundary (alpha {plan.step.alpha:g}, look {test.looks})")
+                                      f"sequential boundary (alpha {settings.step.alpha:g}, look {test.looks})")
         if breach is not None:
             breach.samples = self.copy_samples()
             return breach
         if self.pass_tests and not self.has_mean and all(ts.decision == "pass" for ts in self.pass_tests.values()):
             return Decision("pass", "confidence", "every SLO within its threshold past the sequential boundary "
-                            f"(alpha {plan.step.alpha:g})", self.copy_samples())
-        if final or not (plan.step.early_pass and self.phase == "ramp" and t >= self.w0 + min_window_s(plan)):
+                            f"(alpha {settings.step.alpha:g})", self.copy_samples())
+        if final or not (settings.step.early_pass and self.phase == "ramp" and t >= self.w0 + min_window_s(settings)):
             return None
-        reason = clear_pass_reason(plan, records, self.w0, t)
+        reason = clear_pass_reason(settings, records, self.w0, t)
         return Decision("pass", "clear_pass", reason, self.copy_samples()) if reason else None
 
     def copy_samples(self) -> dict[str, dict[str, int]]:
         return {tier: dict(m) for tier, m in self.samples.items()}
 
 
-def clear_pass_reason(plan: CapacitySettings, records: Sequence[RequestRecord], w0: float, t: float) -> str | None:
+def clear_pass_reason(settings: CapacitySettings, records: Sequence[RequestRecord], w0: float, t: float) -> str | None:
     """Why the step has clearly passed, or None. Pooling the tiers lets a light load decide early; it is
     conservative for a prioritised tier (premium is served first, so its latencies sit below the pool's)."""
-    horizon = max(s.threshold_ms for ss in plan.slos.values() for s in ss) / 1000.0
+    horizon = max(s.threshold_ms for ss in settings.slos.values() for s in ss) / 1000.0
     settled = sorted((r for r in records if w0 <= r.scheduled_s <= t - horizon), key=lambda r: r.scheduled_s)
     if len(settled) < CLEAR_PASS_MIN:
         return None
-    margin = plan.step.pass_margin
+    margin = settings.step.pass_margin
     worst = 0.0
-    for slos in plan.slos.values():
+    for slos in settings.slos.values():
         for slo in slos:
             v = latency.slo_values(settled, slo.metric, t)
             if v.size < CLEAR_PASS_MIN or effective_n(v) < CLEAR_PASS_MIN:  # a queue's latencies move together
@@ -194,6 +194,6 @@ def clear_pass_reason(plan: CapacitySettings, records: Sequence[RequestRecord], 
             if not ratio <= margin:
                 return None
             worst = max(worst, ratio)
-    judged = "quantile" if not any(s.is_mean for ss in plan.slos.values() for s in ss) else "quantile or mean"
+    judged = "quantile" if not any(s.is_mean for ss in settings.slos.values() for s in ss) else "quantile or mean"
     return (f"clear pass: every SLO {judged} at most {100 * worst:.0f}% of its threshold over "
             f"{len(settled)} settled requests (all tiers pooled)")

@@ -81,7 +81,7 @@ def offered_rate(details: list[dict[str, Any]]) -> float | None:
     return num / den if den > 0 else None
 
 
-def rated_capacity(outcome: SearchOutcome, plan: CapacitySettings,
+def rated_capacity(outcome: SearchOutcome, settings: CapacitySettings,
                    interval: dict[str, Any] | None = None) -> dict[str, Any] | None:
     if outcome.rated_load is None:
         return None
@@ -93,7 +93,7 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacitySettings,
         return None
     details = [s.result.detail for s in steps]
     d = details[-1]
-    if plan.closed:
+    if settings.closed:
         tps = [x["throughput_rps"] for x in details if x.get("throughput_rps") is not None]
         rate = sum(tps) / len(tps) if tps else None
         requested = None
@@ -104,7 +104,7 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacitySettings,
         if rate is None:
             rate = requested
         conc = d.get("concurrency_measured")
-    spec = rate * (1.0 - plan.headroom) if rate is not None else None
+    spec = rate * (1.0 - settings.headroom) if rate is not None else None
     # how long the deciding windows were: near a wide knee a longer window fails at a lower load, so a
     # rating holds for windows of this length (docs/validation.md, "Capacity search: the embedded engine")
     spans = [w[1] - w[0] for x in details if isinstance(w := x.get("window_s"), (list, tuple)) and len(w) == 2]
@@ -115,13 +115,14 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacitySettings,
         "concurrency_measured": d.get("concurrency_measured"),
         "concurrency_agree": d.get("concurrency_agree"),
         "output_tok_s": d.get("output_tok_s"), "spec_rate_rps": spec,
-        "spec_concurrency": conc * (1.0 - plan.headroom) if conc is not None else None,
+        "spec_concurrency": conc * (1.0 - settings.headroom) if conc is not None else None,
         "goodput_rps": d.get("goodput_rps"), "step": d.get("index"), "steps": [s.index for s in steps],
-        "load": outcome.rated_load, "axis": plan.search.axis, "lower_bound": outcome.search_verdict == "never_broke",
+        "load": outcome.rated_load, "axis": settings.search.axis,
+        "lower_bound": outcome.search_verdict == "never_broke",
         "confirmed": outcome.confirmed,
         "estimate": None, "ci_low": None, "ci_high": None, "ci_unbounded": [], "ci_of": None, "confidence": None,
         "boundary": None, "binding": None, "tier_capacity": {},
-        "cause": break_cause(d, first_failure(outcome), None, plan.lateness_bound_ms),
+        "cause": break_cause(d, first_failure(outcome), None, settings.lateness_bound_ms),
     }
     if interval is not None:
         out.update(estimate=interval["estimate"], ci_low=interval["ci_low"], ci_high=interval["ci_high"],
@@ -129,7 +130,7 @@ def rated_capacity(outcome: SearchOutcome, plan: CapacitySettings,
                    ci_of=interval["of"], confidence=interval["confidence"], boundary=interval["boundary"],
                    binding=interval["binding"], interval=interval, tier_capacity=tier_capacity(interval))
         out["cause"] = break_cause(d, first_failure(outcome), (interval.get("binding") or {}).get("metric"),
-                                   plan.lateness_bound_ms)
+                                   settings.lateness_bound_ms)
         if interval.get("open"):  # no crossing inside the loads tried: no interval to gate on
             out.update(ci_low=None, ci_high=None, ci_unbounded=[])
     return out
@@ -160,19 +161,19 @@ def step_entry(s: Step) -> dict[str, Any]:
                               "confirms": s.confirms, "disturbance": s.disturbed}
 
 
-def build_summary(plan: CapacitySettings, outcome: SearchOutcome, *, meta: dict[str, Any], duration_s: float,
+def build_summary(settings: CapacitySettings, outcome: SearchOutcome, *, meta: dict[str, Any], duration_s: float,
                   complete: bool, stopped: str | None, interval: dict[str, Any] | None = None) -> dict[str, Any]:
     steps = [step_entry(s) for s in outcome.steps]
-    rated = rated_capacity(outcome, plan, interval)
+    rated = rated_capacity(outcome, settings, interval)
     # the headline (the offered rate) first, then the search's account in its requested loads
-    text, search_text = verdict_text(outcome.text, rated, outcome.search_verdict, plan.search.axis)
+    text, search_text = verdict_text(outcome.text, rated, outcome.search_verdict, settings.search.axis)
     if rated is not None:
         if rated["ci_low"] is not None:
             of = "users" if rated["ci_of"] == "concurrency" else "req/s"
             text += (f". {100 * rated['confidence']:g}% interval of the capacity: {interval_span(rated)} "
                      f"{of} (estimate {rated['estimate']:.3g}; {rated['boundary'] or '-'} "
                      f"boundary; binding: {rated['binding']['tier']} {rated['binding']['metric']})")
-        text += (f". Spec capacity with {100 * plan.headroom:g}% headroom: {rated['spec_rate_rps']:.3g} req/s"
+        text += (f". Spec capacity with {100 * settings.headroom:g}% headroom: {rated['spec_rate_rps']:.3g} req/s"
                  if rated["spec_rate_rps"] is not None else "")
         if rated.get("concurrency_agree") is not None:
             text += (f". Concurrency there: {_f(rated['concurrency_measured'])} measured in flight, "
@@ -189,22 +190,23 @@ def build_summary(plan: CapacitySettings, outcome: SearchOutcome, *, meta: dict[
         **meta,
         "duration_s": round(duration_s, 3),
         "verdict": outcome.verdict, "search_verdict": outcome.search_verdict,
-        "headline": headline(rated, outcome.search_verdict, plan.search.axis), "verdict_text": text,
+        "headline": headline(rated, outcome.search_verdict, settings.search.axis), "verdict_text": text,
         "search_text": search_text,
         "converged": outcome.converged, "confirmed": outcome.confirmed, "reopens": outcome.reopens,
         "ended_by": outcome.ended_by,
         "complete": complete, "interrupted": bool(stopped and stopped.startswith("interrupted")),
         "stopped_early": stopped,
-        "axis": plan.search.axis,
-        "slo": {t: (ss[0].as_dict() if ss else None) for t, ss in plan.slos.items()},
-        "slos": {t: [x.as_dict() for x in ss] for t, ss in plan.slos.items()},
-        "headroom": plan.headroom,
+        "axis": settings.search.axis,
+        "slo": {t: (ss[0].as_dict() if ss else None) for t, ss in settings.slos.items()},
+        "slos": {t: [x.as_dict() for x in ss] for t, ss in settings.slos.items()},
+        "headroom": settings.headroom,
         "rated_capacity": rated,
         "first_fail_load": outcome.first_fail_load,
-        "search": dataclasses.asdict(plan.search) | dataclasses.asdict(plan.step) | {"drain_s": plan.drain_s},
+        "search": (dataclasses.asdict(settings.search) | dataclasses.asdict(settings.step)
+                   | {"drain_s": settings.drain_s}),
         "steps": steps,
         "valid": bool(steps) and outcome.invalid_reason is None,
-        "lateness": {"p99_ms_max": max(p99s) if p99s else None, "bound_ms": plan.lateness_bound_ms,
+        "lateness": {"p99_ms_max": max(p99s) if p99s else None, "bound_ms": settings.lateness_bound_ms,
                      "invalid_steps": invalid, "disturbed_steps": disturbed, "deciding_steps": outcome.deciding},
     }
     if outcome.invalid_reason:
@@ -243,32 +245,32 @@ async def measure_step(runner: CapacityRunner, load: float, phase: str, index: i
     """One step through the runner, on arrival draw ``draw``, its disturbance filled in."""
     res = await runner.measure(load, phase, index, draw=draw)
     if not res.disturbed:
-        res.disturbed = disturbance(res.detail, runner.plan.lateness_bound_ms)
+        res.disturbed = disturbance(res.detail, runner.settings.lateness_bound_ms)
     return res
 
 
-def over_budget(plan: CapacitySettings, elapsed_s: float, full_step_walls: list[float]) -> str | None:
+def over_budget(settings: CapacitySettings, elapsed_s: float, full_step_walls: list[float]) -> str | None:
     """Why the next step must not start (None: it may): it would end past the run's time budget,
     ``search.max_duration_s``, counted from the run's start (the engine's start-up included). The next step
     is taken to last as long as the longest step so far that ran to its cap (its settle, warm-up, window and
     drain: ``full_step_walls``), at least ``step_duration_s``; steps stopped early are not a guide."""
-    budget = plan.search.max_duration_s
+    budget = settings.search.max_duration_s
     if budget is None:
         return None
-    need = max([plan.step.step_duration_s, *full_step_walls])
+    need = max([settings.step.step_duration_s, *full_step_walls])
     if elapsed_s + need <= budget:
         return None
     return (f"the time budget ended the search (search.max_duration_s {budget:g} s: {elapsed_s:.0f} s in, "
             f"the next step would take about {need:.0f} s)")
 
 
-def rate_interval(plan: CapacitySettings, summary: dict[str, Any]) -> dict[str, Any] | None:
+def rate_interval(settings: CapacitySettings, summary: dict[str, Any]) -> dict[str, Any] | None:
     """``capacity.rating`` over the summary's counted steps; None without a verdict to put an interval on
     (never_met, or nothing judged)."""
     if summary.get("search_verdict") not in ("rated", "never_broke"):
         return None
     steps = summary["steps"]
-    return rating.rate(steps, plan.search.axis, confidence=plan.step.confidence, seed=plan.scenario.seed)
+    return rating.rate(steps, settings.search.axis, confidence=settings.step.confidence, seed=settings.scenario.seed)
 
 
 def _f(x: float | None) -> str:
@@ -286,7 +288,7 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
     from loadgen.capacity.display import CapacityDisplay
     from loadgen.target.embedded import EmbeddedEngine
 
-    plan = CapacitySettings.from_scenario(scn)
+    settings = CapacitySettings.from_scenario(scn)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started_at = now_iso()
@@ -310,13 +312,13 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
         meta["engine_start_s"] = engine_start_s
         meta["driver"] = driver
         meta["workers"] = workers
-        sample = step_specs(scn, plan.search.axis, plan.search.start, 0, 0.0, plan.step.step_duration_s)
+        sample = step_specs(scn, settings.search.axis, settings.search.start, 0, 0.0, settings.step.step_duration_s)
         prepared = prepare_target(target, model, sample, target_options or TargetOptions())
         meta.update(prepared.as_summary())
-        unit = "users" if plan.closed else "req/s"
-        display = CapacityDisplay(f"slobench capacity: {scn.name}", unit, list(plan.slos), enabled=progress)
+        unit = "users" if settings.closed else "req/s"
+        display = CapacityDisplay(f"slobench capacity: {scn.name}", unit, list(settings.slos), enabled=progress)
         try:
-            result = run_sync(lambda: _search_main(plan, run_dir, target, prepared, engine, display, meta, wall0,
+            result = run_sync(lambda: _search_main(settings, run_dir, target, prepared, engine, display, meta, wall0,
                                                    driver, workers))
         finally:
             display.close()
@@ -326,9 +328,9 @@ def run_capacity(scn: Scenario, run_dir: str | Path, *, target: str | None = Non
     return result
 
 
-async def _search_main(plan, run_dir, target, prepared, engine, display, meta, wall0, driver="aiohttp",
+async def _search_main(settings, run_dir, target, prepared, engine, display, meta, wall0, driver="aiohttp",
                        workers=1) -> CapacityResult:
-    runner = CapacityRunner(plan, run_dir, target, prepared=prepared, watch=engine.died if engine else None,
+    runner = CapacityRunner(settings, run_dir, target, prepared=prepared, watch=engine.died if engine else None,
                             display=display, driver=driver, workers=workers)
     loop = asyncio.get_running_loop()
     await runner.open()
@@ -336,15 +338,15 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
     write_json(run_dir / CONFIG,
                {"schema_version": SCHEMA_VERSION, "kind": "capacity", "scenario": meta.get("scenario"),
                 "target": target, "model": runner.model, "engine": meta.get("engine"),
-                "search": dataclasses.asdict(plan.search), "step": dataclasses.asdict(plan.step),
+                "search": dataclasses.asdict(settings.search), "step": dataclasses.asdict(settings.step),
                 "request_fit": meta.get("request_fit")})
     stop_handlers = add_stop_handlers(loop, runner.stop)
-    search = CapacitySearch(plan.search, refine_centre=lambda steps: rating.estimate(
-        [step_entry(s) for s in steps], plan.search.axis))  # refine windows go to the estimate so far
+    search = CapacitySearch(settings.search, refine_centre=lambda steps: rating.estimate(
+        [step_entry(s) for s in steps], settings.search.axis))  # refine windows go to the estimate so far
     full_walls: list[float] = []  # steps that ran to their cap: what the next one may take (the time budget)
     try:
         while runner.stopped is None and (nxt := search.next_step()) is not None:
-            if why := over_budget(plan, time.monotonic() - wall0, full_walls):
+            if why := over_budget(settings, time.monotonic() - wall0, full_walls):
                 search.end(why)
                 break
             load, phase = nxt
@@ -357,19 +359,19 @@ async def _search_main(plan, run_dir, target, prepared, engine, display, meta, w
                 break
             step: Step = search.record(load, res)
             display.end_step(step_entry(step))
-            write_outputs(run_dir, build_summary(plan, search.outcome(), meta=meta,
+            write_outputs(run_dir, build_summary(settings, search.outcome(), meta=meta,
                                                  duration_s=time.monotonic() - wall0, complete=False,
                                                  stopped="in progress"))
     finally:
         remove_stop_handlers(loop, stop_handlers)
         await runner.close()
     outcome = search.outcome()
-    summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
+    summary = build_summary(settings, outcome, meta=meta, duration_s=time.monotonic() - wall0,
                             complete=runner.stopped is None, stopped=runner.stopped)
     records = read_run_records(run_dir)
-    interval = rate_interval(plan, summary)
+    interval = rate_interval(settings, summary)
     if interval is not None:
-        summary = build_summary(plan, outcome, meta=meta, duration_s=time.monotonic() - wall0,
+        summary = build_summary(settings, outcome, meta=meta, duration_s=time.monotonic() - wall0,
                                 complete=runner.stopped is None, stopped=runner.stopped, interval=interval)
     summary["prompt_length"] = prompt_length_of(records)  # over every step's requests
     summary["prefix_cache"] = prefix_cache_check(records, read_metrics(Path(run_dir) / METRICS), runner.sharing.share)

@@ -98,10 +98,10 @@ class StepRecordWriter(RecordWriter):
 class CapacityRunner:
     """Measures load steps against one target, on one clock, into one run folder."""
 
-    def __init__(self, plan: CapacitySettings, run_dir: Path, target: str, *, prepared: PreparedTarget | None = None,
-                 watch: Callable[[], str | None] | None = None, display=None, scrape: bool = True,
-                 driver: str = "aiohttp", workers: int = 1):
-        self.plan = plan
+    def __init__(self, settings: CapacitySettings, run_dir: Path, target: str, *,
+                 prepared: PreparedTarget | None = None, watch: Callable[[], str | None] | None = None,
+                 display=None, scrape: bool = True, driver: str = "aiohttp", workers: int = 1):
+        self.settings = settings
         self.driver_kind = driver  # "aiohttp" (this process, or sharded with workers > 1) | "locust"
         self.workers = workers
         self.run_dir = Path(run_dir)
@@ -126,7 +126,7 @@ class CapacityRunner:
         req, met = self.run_dir / "requests.jsonl", self.run_dir / "metrics.jsonl"
         for p in (req, met):
             p.unlink(missing_ok=True)
-        s = self.plan.scenario
+        s = self.settings.scenario
         self.writer = StepRecordWriter(req)
         cfg = ClientConfig(self.target, model=self.model, max_connections=s.max_connections,
                            read_timeout_s=s.read_timeout_s, retries=s.retries, retry_max_wait_s=s.retry_max_wait_s)
@@ -134,7 +134,7 @@ class CapacityRunner:
             cfg.shape = self.prepared.shape
             cfg.headers, cfg.extra_body = self.prepared.headers, self.prepared.extra_body
         self.driver = make_driver(self.driver_kind, cfg, self.writer, workers=self.workers, work_dir=self.run_dir,
-                                  drain_s=self.plan.drain_s, tier_slos=s.tier_slos)
+                                  drain_s=self.settings.drain_s, tier_slos=s.tier_slos)
         await self.driver.open()
         self.model = self.driver.model
         if self.scrape:
@@ -166,33 +166,33 @@ class CapacityRunner:
     async def measure(self, load: float, phase: str, index: int, early_stop: bool | None = None,
                       draw: int = 0) -> StepResult:
         """One step at ``load``; ``draw``: its arrival pattern (``scenario.steps``; 0: the common one)."""
-        plan, driver = self.plan, self.driver
+        settings, driver = self.settings, self.driver
         await self._settle()
-        dur = plan.step.step_duration_s  # the cap: a step decided sooner stops sending then
-        if not plan.closed and phase != "ramp" and plan.step.max_step_duration_s > dur:  # enough per tier?
-            longest = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, plan.step.max_step_duration_s,
-                                 draw=draw, exact_at=plan.count_marks)
-            dur = step_length_s(plan, [(s.arrival_s, s.tier or "none") for s in longest])
-        specs = step_specs(plan.scenario, plan.search.axis, load, index, 0.0, dur, draw=draw,
-                           exact_at=plan.count_marks)  # before the clock
+        dur = settings.step.step_duration_s  # the cap: a step decided sooner stops sending then
+        if not settings.closed and phase != "ramp" and settings.step.max_step_duration_s > dur:  # enough per tier?
+            longest = step_specs(settings.scenario, settings.search.axis, load, index, 0.0,
+                                 settings.step.max_step_duration_s, draw=draw, exact_at=settings.count_marks)
+            dur = step_length_s(settings, [(s.arrival_s, s.tier or "none") for s in longest])
+        specs = step_specs(settings.scenario, settings.search.axis, load, index, 0.0, dur, draw=draw,
+                           exact_at=settings.count_marks)  # before the clock
         if self.prepared is not None:
             self.prepared.adapt(specs)  # text prompts for a target that takes only text
         self.sharing.add(specs)
-        concurrency = int(load) if plan.closed else 0
-        await driver.warm_up(connections_needed(specs, concurrency, plan.scenario.max_connections))
+        concurrency = int(load) if settings.closed else 0
+        await driver.warm_up(connections_needed(specs, concurrency, settings.scenario.max_connections))
         start = self.clock() + driver.start_lead_s
         for sp in specs:
             sp.arrival_s += start
-        st = StepWindow(index, load, phase, start, start + plan.step.warmup_s, start + dur)
+        st = StepWindow(index, load, phase, start, start + settings.step.warmup_s, start + dur)
         arrivals = [(s.arrival_s, s.tier or "none") for s in specs]  # open loop: known in advance
-        if not plan.closed and not any(s.follow_up for s in specs):  # a later turn's time waits on an answer
+        if not settings.closed and not any(s.follow_up for s in specs):  # a later turn's time waits on an answer
             st.arrivals = [a for a, _ in arrivals]
         self.writer.step_records = []
         prog = driver.progress
         base = (prog.sent, prog.done, prog.errors)
         if self.display:
-            self.display.start_step(index, load, phase, dur + plan.drain_s)
-        es = plan.step.early_stop if early_stop is None else early_stop
+            self.display.start_step(index, load, phase, dur + settings.drain_s)
+        es = settings.step.early_stop if early_stop is None else early_stop
         if phase == "refine":  # a window for the rating's fit alone: whole, its runs of exceedances uncut
             es = False
         es = es and driver.in_flight() is not None  # deciding early needs the requests in flight too
@@ -204,7 +204,7 @@ class CapacityRunner:
         wall0 = time.monotonic()
         try:
             await driver.run(specs, t0=self.t0, stage=index, concurrency=concurrency,
-                             until_s=st.w1 if plan.closed else None)
+                             until_s=st.w1 if settings.closed else None)
         finally:
             mon.cancel()
             await asyncio.gather(mon, return_exceptions=True)
@@ -215,7 +215,7 @@ class CapacityRunner:
             looks.append(self._looks(st, arrivals))
         if st.decision is None:  # the last look, on the whole window: was the cap's verdict a confident one?
             record_decision(st, looks[0].look(records, self.clock(), final=True), looks[0], final=True)
-        detail = step_detail(plan, st, records, read_metrics(self.run_dir / "metrics.jsonl"),
+        detail = step_detail(settings, st, records, read_metrics(self.run_dir / "metrics.jsonl"),
                              self.clock(), time.monotonic() - wall0)
         margin = detail["margin"] if detail["margin"] is not None else (None if detail["passed"] else math.inf)
         return StepResult(detail["passed"], detail["stopped_early"], detail, margin=margin,
@@ -223,12 +223,12 @@ class CapacityRunner:
 
     def _looks(self, st: StepWindow, arrivals: list[tuple[float, str]]) -> StepLooks:
         planned = Counter(tier for a, tier in arrivals if st.w0 <= a < st.w1)
-        return StepLooks(self.plan, st.w0, st.w1, planned, st.phase)
+        return StepLooks(self.settings, st.w0, st.w1, planned, st.phase)
 
     async def _settle(self) -> None:
         """Wait until the target has nothing running or waiting (two scrapes in a row, in its own gauges'
         names: ``results.server_metrics``), at most settle_timeout_s; targets without them get half a second."""
-        deadline = time.monotonic() + self.plan.step.settle_timeout_s
+        deadline = time.monotonic() + self.settings.step.settle_timeout_s
         loop = asyncio.get_running_loop()
         if self._metrics_url is None:
             self._metrics_url, _ = await loop.run_in_executor(None, find_metrics_page, self.target)
@@ -254,8 +254,8 @@ class CapacityRunner:
 
     async def _monitor(self, st: StepWindow, arrivals: list[tuple[float, str]], early_stop: bool,
                        base: tuple[int, int, int], looks: list[StepLooks]) -> None:
-        plan, driver = self.plan, self.driver
-        opts, prog = plan.step, driver.progress
+        settings, driver = self.settings, self.driver
+        opts, prog = settings.step, driver.progress
         steady = SteadyState(opts.warmup_s, opts.max_warmup_s, opts.steady_interval_s, opts.steady_tolerance)
         tick, next_look = 0, math.inf
         while True:
@@ -286,7 +286,7 @@ class CapacityRunner:
                     else:  # stop sending; what is in flight finishes (the drain below still applies)
                         driver.stop_sending()
             send_end = st.stopped_at if st.early == "pass" else st.w1
-            if t >= send_end + plan.drain_s and not st.cut:
+            if t >= send_end + settings.drain_s and not st.cut:
                 st.cut = True
                 driver.stop()
             if self.watch and tick % 5 == 0:

@@ -65,31 +65,31 @@ class StepWindow:
         return min(self.w1, self.stopped_at) if self.stopped_at is not None else self.w1
 
 
-def step_detail(plan: CapacitySettings, st: StepWindow, records: Sequence[RequestRecord], metrics: list[dict],
+def step_detail(settings: CapacitySettings, st: StepWindow, records: Sequence[RequestRecord], metrics: list[dict],
                 clock_s: float, wall_s: float) -> dict[str, Any]:
     """The step's entry in ``summary.json["steps"]`` (``metrics``: the run's scrape so far)."""
     w1 = st.window_end
     window = [r for r in records if st.w0 <= r.scheduled_s < w1]
     win_s = w1 - st.w0
-    names = list(plan.slos) + sorted({r.tier or "none" for r in window} - set(plan.slos))
-    tiers = {tier: tier_entry([r for r in window if (r.tier or "none") == tier], plan.slos.get(tier, []),
-                              plan.quantile(tier), plan.step.confidence, seed=st.index,
-                              decluster_run=plan.step.decluster_run) for tier in names}
+    names = list(settings.slos) + sorted({r.tier or "none" for r in window} - set(settings.slos))
+    tiers = {tier: tier_entry([r for r in window if (r.tier or "none") == tier], settings.slos.get(tier, []),
+                              settings.quantile(tier), settings.step.confidence, seed=st.index,
+                              decluster_run=settings.step.decluster_run) for tier in names}
     judged = [e["passed"] for e in tiers.values() if e["passed"] is not None]
     margins = [math.inf if j["value_ms_q"] is None else j["value_ms_q"] / j["threshold_ms"]
                for e in tiers.values() for j in e["judged"].values() if j["n"]]
     passed = bool(judged) and all(judged) and st.early != "breach"
     scraped = scraped_step_metrics(metrics, st.start_s, st.w0, w1, clock_s,
-                                   max_num_seqs=plan.scenario.engine.get("max_num_seqs"))
+                                   max_num_seqs=settings.scenario.engine.get("max_num_seqs"))
     hist = scraped.pop("breakdown_histograms")
     step_metrics = [m for m in metrics if st.start_s - 1.0 <= m["t"] <= clock_s]
-    summ = summarize([json.loads(r.to_json()) for r in window], goodput=plan.scenario.goodput or None,
-                     tier_slos=plan.scenario.tier_slos, lateness_bound_ms=plan.lateness_bound_ms,
+    summ = summarize([json.loads(r.to_json()) for r in window], goodput=settings.scenario.goodput or None,
+                     tier_slos=settings.scenario.tier_slos, lateness_bound_ms=settings.lateness_bound_ms,
                      metrics=step_metrics)
     ok = [r for r in window if latency.succeeded(r)]
     arrivals = len(window) / win_s if win_s > 0 else None
     sent = sum(1 for r in window if r.sent_s is not None and st.w0 <= r.sent_s < w1)
-    disturbed, disturbance, lag = disturbance_of(summ, st.loop_lag_ms, plan.lateness_bound_ms)
+    disturbed, disturbance, lag = disturbance_of(summ, st.loop_lag_ms, settings.lateness_bound_ms)
     sojourn = [s for r in window if (s := latency.sojourn_s(r)) is not None]
     little = arrivals * float(np.mean(sojourn)) if sojourn and arrivals is not None else None
     measured = float(np.mean(st.inflight)) if st.inflight else None
@@ -109,7 +109,7 @@ def step_detail(plan: CapacitySettings, st: StepWindow, records: Sequence[Reques
         "planned_rps": st.planned_rps(),
         "throughput_rps": len(ok) / win_s if win_s > 0 else None,
         "output_tok_s": sum(r.output_tokens or 0 for r in ok) / win_s if win_s > 0 else None,
-        "goodput_rps": goodput_rps(window, plan.slos, win_s),
+        "goodput_rps": goodput_rps(window, settings.slos, win_s),
         "concurrency_littles_law": little, "concurrency_measured": measured,
         "concurrency_agree": None if st.early == "breach" else agree(little, measured),  # not steady
         "tiers": tiers,

@@ -263,10 +263,10 @@ class SimulatedSteps:
 
     def __init__(self, scn: Scenario, q: QueueParams, prefix_s: float = 0.0):
         check_scenario(scn)
-        plan = CapacitySettings.from_scenario(scn)
-        step = plan.step
+        settings = CapacitySettings.from_scenario(scn)
+        step = settings.step
         self.scn, self.q, self.prefix_s = scn, q, prefix_s
-        self.marks = tuple(prefix_s + m for m in plan.count_marks)  # the prefix's own count is exact too
+        self.marks = tuple(prefix_s + m for m in settings.count_marks)  # the prefix's own count is exact too
         self.duration_s, self.warmup_s, self.decluster_run = step.step_duration_s, step.warmup_s, step.decluster_run
         slo = next(s for ss in scn.slos().values() for s in ss)
         self.threshold, self.quantile = slo.threshold_ms, slo.quantile

@@ -81,14 +81,14 @@ class Collector:
     """The master's view: every record (written to ``requests.jsonl`` as it arrives), counters summed
     over the sending processes, and per-stage TTFT samples for the SLO."""
 
-    def __init__(self, out_dir: str | Path, plan: StagedLoad, quantile_: float = 0.99, warmup_s: float = 0.0):
+    def __init__(self, out_dir: str | Path, staged: StagedLoad, quantile_: float = 0.99, warmup_s: float = 0.0):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.req_path = self.out_dir / "requests.jsonl"
         self.req_path.unlink(missing_ok=True)
         self._fd = os.open(self.req_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.plan = plan
-        self._stages = {st.index: st for st in plan.stages}
+        self.staged = staged
+        self._stages = {st.index: st for st in staged.stages}
         self.q = quantile_
         self.warmup_s = warmup_s
         self.gathered = 0
@@ -98,7 +98,7 @@ class Collector:
         self.ttft: dict[int, dict[str | None, list[float]]] = defaultdict(lambda: defaultdict(list))
         # stage -> tier -> requests planned inside the judged window (open loop), for an early verdict
         self.window: dict[int, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
-        for st in plan.stages:
+        for st in staged.stages:
             if not st.cycle:
                 for sp in st.specs:
                     if sp.arrival_s >= st.start_s + warmup_s:
@@ -169,7 +169,7 @@ class Collector:
         ``k``'s judged window. ``final``: all its requests are in; otherwise only a breach that is already
         certain is reported as broken."""
         out = []
-        for tier, slo in self.plan.tier_slos.items():
+        for tier, slo in self.staged.tier_slos.items():
             for key in ("ttft_ms", slo_key("ttft_ms", "mean")):
                 if key in slo:
                     out.append(self._judge_tier(k, tier, float(slo[key]), key != "ttft_ms", final))

@@ -97,21 +97,21 @@ def run_options(parsed) -> dict:
     }
 
 
-_plans: dict[tuple, object] = {}
+_staged_loads: dict[tuple, object] = {}
 
 
-def build_plan(opts: dict):
+def build_staged_load(opts: dict):
     key = tuple(opts.get(k) for k in ("scenario", "specs", "steps", "step_s", "seed", "model"))
-    if key not in _plans:
+    if key not in _staged_loads:
         if opts.get("specs"):
-            _plans[key] = staged_load_from_specs_file(opts["specs"])
+            _staged_loads[key] = staged_load_from_specs_file(opts["specs"])
         elif opts.get("scenario"):
-            _plans[key] = staged_load_from_scenario(opts["scenario"], steps=parse_steps(opts.get("steps")),
+            _staged_loads[key] = staged_load_from_scenario(opts["scenario"], steps=parse_steps(opts.get("steps")),
                                                     step_s=opts.get("step_s"), seed=opts.get("seed"),
                                                     model=opts.get("model"))
         else:
             raise ValueError("give --slobench-scenario FILE (or SLOBENCH_SCENARIO)")
-    return _plans[key]
+    return _staged_loads[key]
 
 
 @events.init.add_listener
@@ -122,11 +122,11 @@ def _on_init(environment, runner, web_ui=None, **_kw) -> None:
     opts = run_options(environment.parsed_options)
     t = time.perf_counter()
     try:
-        plan = build_plan(opts)
+        staged = build_staged_load(opts)
     except (ValueError, OSError) as e:
         log.error("slobench: %s", e)
         sys.exit(2)
-    CONTROL.env, CONTROL.opts, CONTROL.plan = environment, opts, plan
+    CONTROL.env, CONTROL.opts, CONTROL.staged = environment, opts, staged
     CONTROL.build_s = time.perf_counter() - t
     if isinstance(runner, MasterRunner):
         environment.events.worker_report.add_listener(
@@ -149,7 +149,7 @@ def _init_worker(environment, runner) -> None:
     opts = run_options(environment.parsed_options)
     if opts.get("scenario") or opts.get("specs"):
         try:
-            build_plan(opts)  # ready before the master's start message (--processes)
+            build_staged_load(opts)  # ready before the master's start message (--processes)
         except (ValueError, OSError) as e:
             log.warning("slobench: %s (waiting for the master's options)", e)
 
@@ -159,7 +159,7 @@ def _init_worker(environment, runner) -> None:
         if index is None:
             log.warning("slobench: this worker joined after the start; it sends nothing")
             return
-        start_sending(build_plan(d["opts"]), index, d["count"], d["t0_wall"], d["opts"], environment)
+        start_sending(build_staged_load(d["opts"]), index, d["count"], d["t0_wall"], d["opts"], environment)
 
     def on_stop(environment, msg, **_kw) -> None:
         stop_local(bool(msg.data.get("cancel")))
@@ -169,5 +169,5 @@ def _init_worker(environment, runner) -> None:
 
     @environment.events.report_to_master.add_listener
     def _report(client_id, data) -> None:
-        if STATE.plan is not None:
+        if STATE.staged is not None:
             data["slobench"] = STATE.tally.report()

@@ -2,7 +2,7 @@
 
 :class:`SLORampShape` is a ``LoadTestShape``: Locust ticks it once a second on the master (or the single
 process). It starts the run (picks the start instant and each worker's shard, and tells the workers
-with a custom message), steps the load through the plan's stages (one driver user per sending process
+with a custom message), steps the load through the staged load's stages (one driver user per sending process
 for open-loop stages, N users for closed-loop ones), judges each stage's TTFT SLO on the records the
 master has gathered, and ends the run: when everything planned was sent and every record is in, when
 the drain time after the last send runs out, or as soon as a tier's TTFT SLO is broken, which sets the
@@ -37,7 +37,7 @@ class Control:
     def __init__(self) -> None:
         self.env = None
         self.opts: dict[str, Any] = {}
-        self.plan: StagedLoad | None = None
+        self.staged: StagedLoad | None = None
         self.build_s = 0.0
         self.reset()
 
@@ -58,14 +58,14 @@ class Control:
     def start(self, runner) -> None:
         env = self.env
         self.reset()
-        if not (self.plan.model or self.opts.get("model")) and not env.host:
+        if not (self.staged.model or self.opts.get("model")) and not env.host:
             raise RuntimeError("no --host given (the target's base URL)")
         key = self.opts.get("api_key")
         headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **(self.opts.get("headers") or {})}
-        model = self.plan.model or self.opts.get("model") or check_target(env.host, None, headers)
+        model = self.staged.model or self.opts.get("model") or check_target(env.host, None, headers)
         self.opts["model"] = model
         out = Path(self.opts["out"])
-        self.collector = Collector(out, self.plan, float(self.opts.get("slo_quantile") or 0.99),
+        self.collector = Collector(out, self.staged, float(self.opts.get("slo_quantile") or 0.99),
                                    float(self.opts.get("warmup_s") or 0.0))
         distributed = isinstance(runner, MasterRunner)
         lead = (1.0 + 2.0 * self.build_s) if distributed else 0.2
@@ -82,12 +82,12 @@ class Control:
                                             "count": len(ids), "opts": self.opts})
         else:
             self.nodes = 1
-            start_sending(self.plan, 0, 1, self.t0_wall, self.opts, env)
+            start_sending(self.staged, 0, 1, self.t0_wall, self.opts, env)
         (out / "start.json").write_text(json.dumps({"t0_wall": self.t0_wall, "t0_mono": self.t0_mono,
                                                     "nodes": self.nodes, "model": model,
-                                                    "stages": [s.describe() for s in self.plan.stages]}) + "\n")
+                                                    "stages": [s.describe() for s in self.staged.stages]}) + "\n")
         log.info("slobench: %d stage(s), %s requests planned, %d sending process(es), model %s",
-                 len(self.plan.stages), self.plan.planned if self.plan.planned is not None else "open-ended",
+                 len(self.staged.stages), self.staged.planned if self.staged.planned is not None else "open-ended",
                  self.nodes, model)
 
     def poll_local(self) -> None:
@@ -113,17 +113,17 @@ class Control:
         self.poll_local()
         t = time.monotonic() - self.t0_mono
         col = self.collector
-        plan = self.plan
+        staged = self.staged
         q = float(self.opts.get("slo_quantile") or 0.99)
         # judge stages: a final verdict once a stage's requests are all in, a certain breach any time
-        for pos, st in enumerate(plan.stages):
+        for pos, st in enumerate(staged.stages):
             if st.index in self.judged or t < st.start_s:
                 continue
             if st.axis == "rate" and not st.cycle:  # open loop: the stage's size is known
                 complete = col.gathered_by_stage.get(st.index, 0) >= len(st.specs)
             else:  # closed loop: every send reported (a report comes each second) and its record in
                 complete = t >= st.end_s + 1.5 and col.stage_complete(st.index) and (
-                    pos + 1 < len(plan.stages) or col.totals()["finished"])
+                    pos + 1 < len(staged.stages) or col.totals()["finished"])
             final = t >= st.end_s and complete
             js = col.judge(st.index, final)
             if final:
@@ -140,7 +140,7 @@ class Control:
                 self.stop_sending(f"TTFT SLO broken at stage {st.index} ({st.axis} {st.load:g}): tier {b.tier} "
                                   f"{'mean' if b.statistic == 'mean' else f'p{100 * q:g}'} TTFT {val} > "
                                   f"{b.threshold_ms:g} ms", cancel=True)
-        end = max((s.end_s for s in plan.stages), default=0.0)
+        end = max((s.end_s for s in staged.stages), default=0.0)
         drain_s = float(self.opts.get("drain_s") or 60.0)
         if self.stopping_since is None and t >= end + drain_s and not col.all_in(self.nodes):
             self.stop_sending(f"requests still in flight {drain_s:g}s after the last send: cancelled", cancel=True)
@@ -151,7 +151,7 @@ class Control:
             return self.finish()
         if self.stopping_since is not None:
             return self._hold()
-        st = plan.stage_at(max(t, 0.0))
+        st = staged.stage_at(max(t, 0.0))
         if st.axis == "concurrency":
             n = int(st.load)
             self.last_tick = (n, float(min(max(n, 1) * 10, 100 * self.nodes)), [ClosedLoopUser])
@@ -168,7 +168,7 @@ class Control:
             self.finished = True
             self.poll_local()
             t = time.monotonic() - self.t0_mono
-            for st in self.plan.stages:  # stages still open: judged on everything that came in
+            for st in self.staged.stages:  # stages still open: judged on everything that came in
                 if st.index not in self.judged and t >= st.start_s:
                     js = self.collector.judge(st.index, final=True)
                     self.judged[st.index] = {**st.describe(), "slo": [j.as_dict() for j in js],
@@ -187,12 +187,12 @@ class Control:
         passed = [s for s in self.judged.values() if s["passed"]]
         verdict = {
             "stages": [self.judged.get(s.index, {**s.describe(), "slo": None, "passed": None})
-                       for s in self.plan.stages],
+                       for s in self.staged.stages],
             "slo_broken": self.breach,
             "highest_passing_load": max((s["load"] for s in passed), default=None),
             "stopped": self.stop_reason,
             "totals": totals,
-            "planned": self.plan.planned,
+            "planned": self.staged.planned,
         }
         (col.out_dir / "locust_stages.json").write_text(json.dumps(verdict, indent=2, default=str) + "\n")
         col.close()
@@ -200,9 +200,9 @@ class Control:
             from loadgen.results.records import read_records
             from loadgen.results.summary import summarize
 
-            s = summarize(read_records(col.req_path), tier_slos=self.plan.tier_slos)
+            s = summarize(read_records(col.req_path), tier_slos=self.staged.tier_slos)
             s.update(run_id=col.out_dir.name, driver="locust", model=self.opts.get("model"),
-                     requests_planned=self.plan.planned, stopped_early=self.stop_reason, locust=verdict)
+                     requests_planned=self.staged.planned, stopped_early=self.stop_reason, locust=verdict)
             write_summary(col.out_dir, s)
         log.info("slobench: %d records gathered (%d sent) in %s", totals["gathered"], totals["sent"], col.out_dir)
 
@@ -216,10 +216,10 @@ class Control:
 CONTROL = Control()
 
 
-def start_sending(plan: StagedLoad, index: int, count: int, t0_wall: float, opts: dict[str, Any], env) -> None:
+def start_sending(staged: StagedLoad, index: int, count: int, t0_wall: float, opts: dict[str, Any], env) -> None:
     cfg = client_config(opts)
     apply_client_settings(cfg)
-    STATE.start(plan, index, count, t0_wall, cfg, opts["model"], env.events)
+    STATE.start(staged, index, count, t0_wall, cfg, opts["model"], env.events)
 
 
 def stop_local(cancel: bool) -> None:
@@ -229,7 +229,7 @@ def stop_local(cancel: bool) -> None:
 
 
 class SLORampShape(LoadTestShape):
-    """Steps the load as the plan says; ends the run when it is done or the TTFT SLO breaks."""
+    """Steps the load through the staged load's stages; ends the run when it is done or the TTFT SLO breaks."""
 
     def tick(self):
         if CONTROL.collector is None or CONTROL.finished:  # the first tick of a run (again, from the web UI)

@@ -64,7 +64,7 @@ class ClientCancel(Exception):
 class ProcState:
     """This process's part of the run: set when the start message arrives."""
 
-    plan: StagedLoad | None = None
+    staged: StagedLoad | None = None
     index: int = 0
     count: int = 1
     t0: float = 0.0  # run start on this process's monotonic clock
@@ -79,9 +79,10 @@ class ProcState:
     cfg_headers: dict = field(default_factory=lambda: {"Content-Type": "application/json"})
     _closed_next: dict[int, Any] = field(default_factory=dict)
 
-    def start(self, plan: StagedLoad, index: int, count: int, t0_wall: float, cfg: ClientConfig, model: str,
+    def start(self, staged: StagedLoad, index: int, count: int, t0_wall: float, cfg: ClientConfig, model: str,
               events: Any) -> None:
-        self.plan, self.index, self.count, self.cfg, self.model, self.events = plan, index, count, cfg, model, events
+        self.staged, self.index, self.count = staged, index, count
+        self.cfg, self.model, self.events = cfg, model, events
         self.t0 = now() + (t0_wall - time.time())
         self.tally = Tally()
         self.stop_sending = False
@@ -93,14 +94,14 @@ class ProcState:
 
     def reset(self) -> None:
         self.started.clear()
-        self.plan = None
+        self.staged = None
 
     def cancel_in_flight(self) -> None:
         for g in list(self.in_flight):
             g.kill(block=False)
 
     def my_schedule(self) -> list[tuple[int, Any]]:
-        return shard(self.plan.schedule(), self.index, self.count)
+        return shard(self.staged.schedule(), self.index, self.count)
 
     def next_closed(self) -> tuple[Stage, Any] | None:
         """Closed loop: the next unit (a request, or a conversation with real history) for a user of this
@@ -108,7 +109,7 @@ class ProcState:
         if self.stop_sending:
             return None
         t = now() - self.t0
-        st = self.plan.stage_at(t)
+        st = self.staged.stage_at(t)
         if st.duration_s is not None and t >= st.end_s:
             return None
         it = self._closed_next.get(st.index)

@@ -44,12 +44,12 @@ def test_exact_window_counts_offer_the_step_s_load_whichever_mark_the_warm_up_en
             "search: {step_duration_s: 20, warmup_s: 3%s}\n")
     p = tmp_path / "s.yaml"
     p.write_text(base % ", window_counts: exact")
-    plan = CapacitySettings.from_scenario(load_scenario(p))
-    assert plan.count_marks == (3.0, 4.0, 5.0, 6.0, 20.0)
+    settings = CapacitySettings.from_scenario(load_scenario(p))
+    assert settings.count_marks == (3.0, 4.0, 5.0, 6.0, 20.0)
     for draw in (1, 2, 3):
-        t = np.array([s.arrival_s for s in step_specs(plan.scenario, "rate", 53.8, 5, 0.0, 20.0, draw=draw,
-                                                      exact_at=plan.count_marks)])
-        for w0 in plan.count_marks[:-1]:
+        t = np.array([s.arrival_s for s in step_specs(settings.scenario, "rate", 53.8, 5, 0.0, 20.0, draw=draw,
+                                                      exact_at=settings.count_marks)])
+        for w0 in settings.count_marks[:-1]:
             assert int(((t >= w0) & (t < 20.0)).sum()) == round(53.8 * 20.0) - round(53.8 * w0)
     p.write_text(base % "")
     assert CapacitySettings.from_scenario(load_scenario(p)).count_marks == ()

@@ -18,11 +18,11 @@ from .test_capacity_rating import LOADS, curve_steps
 
 
 @pytest.fixture
-def plan(tmp_path):
-    return rated_plan(tmp_path)
+def settings(tmp_path):
+    return rated_settings(tmp_path)
 
 
-def rated_plan(tmp_path):
+def rated_settings(tmp_path):
     """One-tier capacity settings (standard p99 TTFT 300 ms, a ramp from 2 req/s on common arrivals)."""
     p = tmp_path / "s.yaml"
     p.write_text("name: r\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
@@ -38,19 +38,19 @@ def detail(load, draw, *, late_ms=1.0, sparse=0.88):
             "tiers": {}, "concurrency_measured": 2.0, "concurrency_littles_law": 2.0, "concurrency_agree": True}
 
 
-def search(plan, passes, late=lambda load, draw: 1.0):
-    s = CapacitySearch(plan.search)
+def search(settings, passes, late=lambda load, draw: 1.0):
+    s = CapacitySearch(settings.search)
 
     def measure(load, phase, draw):
         d = detail(load, draw, late_ms=late(load, draw))
-        return StepResult(passes(load), detail=d, disturbed=disturbance(d, plan.lateness_bound_ms))
+        return StepResult(passes(load), detail=d, disturbed=disturbance(d, settings.lateness_bound_ms))
 
     return s.run(measure, draws=True)
 
 
-def test_the_rating_is_the_offered_rate_of_the_deciding_steps(plan):
-    out = search(plan, lambda load: load <= 10)
-    s = build_summary(plan, out, meta={"kind": "capacity"}, duration_s=1.0, complete=True, stopped=None)
+def test_the_rating_is_the_offered_rate_of_the_deciding_steps(settings):
+    out = search(settings, lambda load: load <= 10)
+    s = build_summary(settings, out, meta={"kind": "capacity"}, duration_s=1.0, complete=True, stopped=None)
     rc = s["rated_capacity"]
     assert s["verdict"] == "rated" and s["confirmed"] and rc["confirmed"]
     assert rc["requested_rps"] == out.rated_load <= 10
@@ -66,11 +66,11 @@ def test_the_rating_is_the_offered_rate_of_the_deciding_steps(plan):
     json.dumps(s, allow_nan=False)
 
 
-def test_the_headline_is_the_offered_rate_in_the_verdict_and_printed_once(plan, capsys, monkeypatch):
+def test_the_headline_is_the_offered_rate_in_the_verdict_and_printed_once(settings, capsys, monkeypatch):
     from loadgen.commands.capacity import print_verdict
 
-    out = search(plan, lambda load: load <= 10)  # draw 0 offers 88 % of the requested rate
-    s = build_summary(plan, out, meta={}, duration_s=1.0, complete=True, stopped=None)
+    out = search(settings, lambda load: load <= 10)  # draw 0 offers 88 % of the requested rate
+    s = build_summary(settings, out, meta={}, duration_s=1.0, complete=True, stopped=None)
     rc = s["rated_capacity"]
     assert rc["rate_rps"] < rc["requested_rps"]
     head = f"rated capacity {rc['rate_rps']:.3g} req/s offered (requested {rc['requested_rps']:.3g} req/s)"
@@ -98,7 +98,7 @@ def test_disturbance_from_the_detail_or_the_lateness():
     assert disturbance({"valid": True, "disturbed": False}, 10) is None
 
 
-def test_a_stall_in_the_first_step_is_re_measured_not_rated_low(plan):
+def test_a_stall_in_the_first_step_is_re_measured_not_rated_low(settings):
     seen = set()
 
     def late(load, draw):  # the load generator stalls in the very first step only
@@ -106,8 +106,8 @@ def test_a_stall_in_the_first_step_is_re_measured_not_rated_low(plan):
         seen.add((load, draw))
         return 500.0 if load == 2 and first else 1.0
 
-    out = search(plan, lambda load: load <= 10, late)
-    s = build_summary(plan, out, meta={}, duration_s=1.0, complete=True, stopped=None)
+    out = search(settings, lambda load: load <= 10, late)
+    s = build_summary(settings, out, meta={}, duration_s=1.0, complete=True, stopped=None)
     st0, st1 = s["steps"][:2]
     assert st0["disturbance"].startswith("client p99 lateness 500.0 ms") and not st0["counted"]
     assert st1["remeasured_of"] == 0 and st1["attempt"] == 2 and st1["counted"]
@@ -115,10 +115,10 @@ def test_a_stall_in_the_first_step_is_re_measured_not_rated_low(plan):
     assert s["lateness"]["disturbed_steps"] == [0]
 
 
-def test_a_verdict_resting_on_a_disturbed_step_is_invalid(plan):
+def test_a_verdict_resting_on_a_disturbed_step_is_invalid(settings):
     # every attempt at a load near the top of the passing range stays late: the pass end rests on one
-    out = search(plan, lambda load: load <= 10, lambda load, draw: 50.0 if 9 < load <= 10 else 1.0)
-    s = build_summary(plan, out, meta={}, duration_s=1.0, complete=True, stopped=None)
+    out = search(settings, lambda load: load <= 10, lambda load, draw: 50.0 if 9 < load <= 10 else 1.0)
+    s = build_summary(settings, out, meta={}, duration_s=1.0, complete=True, stopped=None)
     assert s["verdict"] == "invalid" and s["search_verdict"] == "rated" and not s["valid"]
     assert "still disturbed after 2 re-measure(s)" in s["invalid_reason"]
     assert "could not keep the schedule" in s["invalid_reason"] and s["verdict_text"].startswith("INVALID")
@@ -129,21 +129,21 @@ def test_over_budget_takes_the_longest_full_step_as_the_next_ones_length(tmp_pat
     p = tmp_path / "b.yaml"
     p.write_text("name: b\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
                  "search: {step_duration_s: 10, max_duration_s: 60}\n")
-    plan = CapacitySettings.from_scenario(load_scenario(p))
-    assert over_budget(plan, 49.0, []) is None  # 49 + 10 (step_duration_s) fits in 60
-    assert over_budget(plan, 49.0, [12.0, 4.0]) == ("the time budget ended the search (search.max_duration_s "
+    settings = CapacitySettings.from_scenario(load_scenario(p))
+    assert over_budget(settings, 49.0, []) is None  # 49 + 10 (step_duration_s) fits in 60
+    assert over_budget(settings, 49.0, [12.0, 4.0]) == ("the time budget ended the search (search.max_duration_s "
                                                     "60 s: 49 s in, the next step would take about 12 s)")
-    assert over_budget(plan, 51.0, []) is not None
+    assert over_budget(settings, 51.0, []) is not None
     p.write_text(p.read_text().replace(", max_duration_s: 60", ""))
     assert over_budget(CapacitySettings.from_scenario(load_scenario(p)), 1e6, [1e6]) is None  # no budget: never
 
 
-def test_rate_interval_from_the_summary(plan):
+def test_rate_interval_from_the_summary(settings):
     steps = curve_steps(LOADS, 3)
     s = {"search_verdict": "rated", "steps": steps}
-    iv = rate_interval(plan, s)
+    iv = rate_interval(settings, s)
     assert iv["ci_low"] < 10 < iv["ci_high"] and "dispersion from the windows" in iv["method"]
-    assert rate_interval(plan, {"search_verdict": "never_met", "steps": steps}) is None
+    assert rate_interval(settings, {"search_verdict": "never_met", "steps": steps}) is None
 
 
 def test_capacity_exits_3_when_the_verdict_rests_on_a_disturbed_step(mock_server, tmp_path):

@@ -109,7 +109,7 @@ def test_false_breach_rate_at_the_threshold_is_within_alpha(kind):
 # ------------------------------------------------------------------ a step's looks over records
 
 
-def plan(tmp_path, extra: str = "") -> CapacitySettings:
+def capacity_settings(tmp_path, extra: str = "") -> CapacitySettings:
     p = tmp_path / "s.yaml"
     p.write_text("name: t\nworkload: {input_len: 8, output_len: 4}\ntiers: {standard: {slo: {ttft_ms: 300}}}\n"
                  f"search: {{start: 4, step_duration_s: 20, warmup_s: 2{extra}}}\n")
@@ -130,10 +130,10 @@ def recs(n: int, w0: float, gap: float, ttft: float, over_every: int = 0) -> lis
 
 
 def test_looks_decide_a_breach_a_pass_or_nothing(tmp_path):
-    pl = plan(tmp_path)
+    settings = capacity_settings(tmp_path)
     w0, w1 = 2.0, 20.0
     bad = recs(200, w0, 0.05, 0.05, over_every=10)  # 10 % over 300 ms: a breach within a few seconds
-    looks = StepLooks(pl, w0, w1, Counter(standard=360), "bisect")
+    looks = StepLooks(settings, w0, w1, Counter(standard=360), "bisect")
     d = None
     for t in np.arange(w0 + 0.5, w0 + 10, 0.5):
         d = looks.look([r for r in bad if r.scheduled_s < t], t)
@@ -142,7 +142,7 @@ def test_looks_decide_a_breach_a_pass_or_nothing(tmp_path):
     assert d and d.kind == "breach" and d.by in ("confidence", "certain")
     assert d.samples["standard"]["ttft_ms"] > 0
     good = recs(600, w0, 0.03, 0.05)  # 33 req/s, all fast: the pass side decides once ~300 have settled
-    looks = StepLooks(pl, w0, w1, Counter(standard=600), "bisect")
+    looks = StepLooks(settings, w0, w1, Counter(standard=600), "bisect")
     d = None
     for t in np.arange(w0 + 0.5, w1, 0.5):
         d = looks.look([r for r in good if r.scheduled_s < t], t)
@@ -150,7 +150,7 @@ def test_looks_decide_a_breach_a_pass_or_nothing(tmp_path):
             break
     assert d and (d.kind, d.by) == ("pass", "confidence") and d.samples["standard"]["ttft_ms"] >= 300
     edge = recs(100, w0, 0.17, 0.05, over_every=100)  # 1 over in 100: too few to tell either way
-    looks = StepLooks(pl, w0, w1, Counter(standard=100), "bisect")
+    looks = StepLooks(settings, w0, w1, Counter(standard=100), "bisect")
     assert all(looks.look([r for r in edge if r.scheduled_s < t], t) is None for t in np.arange(w0 + 0.5, w1, 0.5))
     assert looks.look(edge, 25.0, final=True) is None  # undecided: the cap and the point estimate judge
 
@@ -158,10 +158,10 @@ def test_looks_decide_a_breach_a_pass_or_nothing(tmp_path):
 def test_a_step_stopped_at_its_breach_gives_the_breach_as_its_reason(tmp_path):
     """The looks before the decision are undecided; only the final look of a step that ran to its cap may
     call it undecided (every step used to say so, the first look's verdict kept)."""
-    pl = plan(tmp_path)
+    settings = capacity_settings(tmp_path)
     st = StepWindow(3, 8.0, "bisect", 0.0, 2.0, 20.0)
     bad = recs(200, 2.0, 0.05, 0.05, over_every=10)
-    looks = StepLooks(pl, st.w0, st.w1, Counter(standard=360), "bisect")
+    looks = StepLooks(settings, st.w0, st.w1, Counter(standard=360), "bisect")
     record_decision(st, looks.look([], 2.5), looks)
     assert st.stop_reason is None and st.decision is None
     d = None
@@ -174,7 +174,7 @@ def test_a_step_stopped_at_its_breach_gives_the_breach_as_its_reason(tmp_path):
     assert "undecided" not in st.stop_reason
     edge = recs(100, 2.0, 0.17, 0.05, over_every=100)
     st2 = StepWindow(4, 6.0, "bisect", 0.0, 2.0, 20.0)
-    looks2 = StepLooks(pl, st2.w0, st2.w1, Counter(standard=100), "bisect")
+    looks2 = StepLooks(settings, st2.w0, st2.w1, Counter(standard=100), "bisect")
     record_decision(st2, looks2.look(edge[:10], 4.0), looks2)
     assert st2.stop_reason is None
     record_decision(st2, looks2.look(edge, 25.0, final=True), looks2, final=True)
@@ -182,14 +182,14 @@ def test_a_step_stopped_at_its_breach_gives_the_breach_as_its_reason(tmp_path):
 
 
 def test_step_detail_says_what_decided_it(tmp_path):
-    pl = plan(tmp_path, ", early_pass: false")
+    settings = capacity_settings(tmp_path, ", early_pass: false")
     st = StepWindow(3, 8.0, "bisect", 0.0, 2.5, 20.0)
     st.steady, st.loop_lag_ms = True, [0.2] * 50
     records = recs(100, 2.5, 0.17, 0.05, over_every=100)
-    looks = StepLooks(pl, st.w0, st.w1, Counter(standard=100), "bisect")
+    looks = StepLooks(settings, st.w0, st.w1, Counter(standard=100), "bisect")
     assert looks.look(records, 25.0, final=True) is None
     st.looks, st.samples = looks.looks, looks.copy_samples()
-    d = step_detail(pl, st, records, [], 25.0, 21.0)
+    d = step_detail(settings, st, records, [], 25.0, 21.0)
     assert d["decided_by"] == "cap" and d["decision"] is None and d["samples"] == {"standard": {"ttft_ms": 100}}
     assert d["warmup_s"] == 2.5 and d["steady"] is True and d["disturbed"] is False and d["disturbance"] is None
     assert d["offered_rps"] == pytest.approx(100 / 17.5) and d["scheduled_rps"] == pytest.approx(100 / 17.5)
@@ -203,7 +203,7 @@ def test_step_detail_says_what_decided_it(tmp_path):
 def test_step_detail_counts_the_runs_of_exceedances_in_scheduled_order(tmp_path):
     """Exceedances at most ``decluster_run`` (2) requests apart are one run, in the order the requests were
     scheduled, whatever order the records come in: three runs here (requests 10-14, 17 and 40-41)."""
-    pl = plan(tmp_path, ", early_pass: false")
+    settings = capacity_settings(tmp_path, ", early_pass: false")
     st = StepWindow(3, 8.0, "bisect", 0.0, 2.5, 20.0)
     records = recs(100, 2.5, 0.17, 0.05)
     for i in (10, 11, 13, 14, 17, 40, 41):
@@ -211,19 +211,20 @@ def test_step_detail_counts_the_runs_of_exceedances_in_scheduled_order(tmp_path)
         r.first_token_s = r.scheduled_s + 1.0
         r.token_s, r.done_s = [r.first_token_s], r.first_token_s + 0.01
     records = [records[i] for i in np.random.default_rng(3).permutation(len(records))]
-    judged = step_detail(pl, st, records, [], 25.0, 21.0)["tiers"]["standard"]["judged"]["ttft_ms"]
+    judged = step_detail(settings, st, records, [], 25.0, 21.0)["tiers"]["standard"]["judged"]["ttft_ms"]
     assert (judged["over"], judged["runs"], judged["n"]) == (7, 3, 100)
 
 
 def test_search_section_options_are_validated(tmp_path):
-    pl = plan(tmp_path, ", max_warmup_s: 8, alpha: 0.01, alpha_spending: obrien_fleming, look_interval_s: 1")
-    assert (pl.step.max_warmup_s, pl.step.alpha, pl.step.alpha_spending, pl.step.look_interval_s) == (
-        8.0, 0.01, "obrien_fleming", 1.0)
-    assert plan(tmp_path).step.max_warmup_s == 4.0  # default: twice warmup_s, at most half the step
+    settings = capacity_settings(tmp_path, ", max_warmup_s: 8, alpha: 0.01, alpha_spending: obrien_fleming, "
+                                           "look_interval_s: 1")
+    assert (settings.step.max_warmup_s, settings.step.alpha, settings.step.alpha_spending,
+            settings.step.look_interval_s) == (8.0, 0.01, "obrien_fleming", 1.0)
+    assert capacity_settings(tmp_path).step.max_warmup_s == 4.0  # default: twice warmup_s, at most half the step
     for bad, key in ((", max_warmup_s: 1", "search.max_warmup_s"), (", max_warmup_s: 25", "search.max_warmup_s"),
                      (", alpha: 0.7", "search.alpha"), (", alpha_spending: magic", "search.alpha_spending")):
         with pytest.raises(ScenarioError, match=key):
-            plan(tmp_path, bad)
+            capacity_settings(tmp_path, bad)
 
 
 def test_a_step_is_long_enough_for_its_quantile(tmp_path):
@@ -231,20 +232,20 @@ def test_a_step_is_long_enough_for_its_quantile(tmp_path):
     judged tier has that many planned requests after the longest warm-up, at most max_step_duration_s."""
     from loadgen.capacity.early_stop import min_samples, step_length_s
 
-    pl = plan(tmp_path)  # 20 s steps, 2 s warm-up (4 s at most), p99: 100 requests, at most 80 s
-    assert min_samples(pl, "standard") == 100 and pl.step.max_step_duration_s == 80.0
+    settings = capacity_settings(tmp_path)  # 20 s steps, 2 s warm-up (4 s at most), p99: 100 requests, at most 80 s
+    assert min_samples(settings, "standard") == 100 and settings.step.max_step_duration_s == 80.0
     busy = [(2.0 + i * 0.05, "standard") for i in range(1000)]  # 20 req/s: 360 in the window already
-    assert step_length_s(pl, busy) == 20.0
+    assert step_length_s(settings, busy) == 20.0
     slow = [(i * 0.25, "standard") for i in range(400)]  # 4 req/s: the 100th after 4 s comes at 28.75 s
-    assert step_length_s(pl, slow) == pytest.approx(28.875)  # halfway to the next
-    assert step_length_s(pl, slow[:40]) == 80.0  # never enough: the longest step
-    assert step_length_s(pl, busy + [(a, "basic") for a, _ in slow[:40]]) == 20.0  # a tier with no SLO needs none
-    p90 = plan(tmp_path, ", quantile: 0.9, max_step_duration_s: 25")
+    assert step_length_s(settings, slow) == pytest.approx(28.875)  # halfway to the next
+    assert step_length_s(settings, slow[:40]) == 80.0  # never enough: the longest step
+    assert step_length_s(settings, busy + [(a, "basic") for a, _ in slow[:40]]) == 20.0  # a tier with no SLO needs none
+    p90 = capacity_settings(tmp_path, ", quantile: 0.9, max_step_duration_s: 25")
     assert min_samples(p90, "standard") == 10 and step_length_s(p90, slow) == 20.0
-    assert step_length_s(plan(tmp_path, ", max_step_duration_s: 25"), slow) == 25.0
-    assert step_length_s(plan(tmp_path, ", min_samples: 0"), slow) == 20.0
+    assert step_length_s(capacity_settings(tmp_path, ", max_step_duration_s: 25"), slow) == 25.0
+    assert step_length_s(capacity_settings(tmp_path, ", min_samples: 0"), slow) == 20.0
     with pytest.raises(ScenarioError, match="search.max_step_duration_s"):
-        plan(tmp_path, ", max_step_duration_s: 10")
+        capacity_settings(tmp_path, ", max_step_duration_s: 10")
 
 
 def test_runs_of_exceedances_and_the_effective_sample_size():

@@ -64,11 +64,11 @@ def test_plan_matches_slobench_run_and_shards_cover_the_schedule(tmp_path):
                            "tiers: {premium: {weight: 1, slo: {ttft_ms: 300}}, basic: {weight: 2}}\n"
                            "load: {arrival: gamma, burstiness: 0.5, rate: 30, requests: 50}\n")
     specs, _ = load_scenario(p).build()
-    plan = staged_load_from_scenario(p)
-    assert [(s.id, s.arrival_s, s.prompt, s.tier) for s in plan.stages[0].specs] == \
+    staged = staged_load_from_scenario(p)
+    assert [(s.id, s.arrival_s, s.prompt, s.tier) for s in staged.stages[0].specs] == \
         [(s.id, s.arrival_s, s.prompt, s.tier) for s in specs]  # the very schedule the aiohttp replayer sends
-    assert plan.tier_slos == {"premium": {"ttft_ms": 300.0}} and plan.planned == 50
-    sched = plan.schedule()
+    assert staged.tier_slos == {"premium": {"ttft_ms": 300.0}} and staged.planned == 50
+    sched = staged.schedule()
     parts = [shard(sched, i, 3) for i in range(3)]
     assert sorted(sp.id for part in parts for _, sp in part) == sorted(sp.id for sp in specs)
     # a ramp: one seeded schedule per step, at that step's rate, on one timeline
@@ -84,8 +84,8 @@ def test_collector_judges_the_ttft_slo_with_failures_as_broken_promises(tmp_path
     specs, _ = load_scenario(scenario(tmp_path, "name: t\nworkload: {input_len: 4, output_len: 2}\n"
                                                 "tiers: {premium: {weight: 1, slo: {ttft_ms: 100}}}\n"
                                                 "load: {arrival: constant, rate: 100, requests: 100}\n")).build()
-    plan = staged_load_from_specs(specs, tier_slos={"premium": {"ttft_ms": 100.0}})
-    col = Collector(tmp_path / "out", plan, 0.99)
+    staged = staged_load_from_specs(specs, tier_slos={"premium": {"ttft_ms": 100.0}})
+    col = Collector(tmp_path / "out", staged, 0.99)
 
     def rec(i, ttft_ms, status="ok"):
         s = specs[i]
@@ -114,8 +114,8 @@ def test_collector_judges_a_mean_ttft_slo(tmp_path):
     specs, _ = load_scenario(scenario(tmp_path, "name: t\nworkload: {input_len: 4, output_len: 2}\n"
                                                 "tiers: {premium: {weight: 1}}\n"
                                                 "load: {arrival: constant, rate: 100, requests: 10}\n")).build()
-    plan = staged_load_from_specs(specs, tier_slos={"premium": {"ttft_ms@mean": 100.0}})
-    col = Collector(tmp_path / "out", plan, 0.99)
+    staged = staged_load_from_specs(specs, tier_slos={"premium": {"ttft_ms@mean": 100.0}})
+    col = Collector(tmp_path / "out", staged, 0.99)
 
     def rec(i, ttft_ms):
         s = specs[i]

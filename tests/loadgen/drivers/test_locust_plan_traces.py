@@ -29,9 +29,9 @@ def test_locust_ramp_scales_trace_lengths_by_the_scenario():
     scn = load_scenario(SCENARIO)
     sh = scn.shaping
     assert (sh.input_scale, sh.output_scale, sh.max_input_len, sh.max_output_len) == (1 / 32, 1 / 8, 2048, 64)
-    plan = staged_load_from_scenario(SCENARIO, steps=STEPS, step_s=STEP_S)
+    staged = staged_load_from_scenario(SCENARIO, steps=STEPS, step_s=STEP_S)
     raw = {sp.id: sp for sp in _unshaped(scn, None)}
-    for stage in plan.stages:
+    for stage in staged.stages:
         assert len(stage.specs) > 10
         for sp in stage.specs:
             row = raw[sp.id.split("-", 1)[1]]  # "s{stage}-mooncake{i}": row i of the trace
@@ -56,8 +56,8 @@ def test_locust_ramp_and_capacity_step_give_a_trace_row_the_same_lengths():
 
 def test_locust_ramp_spreads_the_trace_time_buckets():
     scn = load_scenario(SCENARIO)
-    plan = staged_load_from_scenario(SCENARIO, steps=STEPS, step_s=STEP_S)
-    for stage in plan.stages:
+    staged = staged_load_from_scenario(SCENARIO, steps=STEPS, step_s=STEP_S)
+    for stage in staged.stages:
         raw = [sp.arrival_s for sp in _unshaped(scn, stage.load) if sp.arrival_s < STEP_S]
         assert len(set(raw)) < len(raw) / 2  # the trace itself: many requests share each bucket's timestamp
         arrivals = [sp.arrival_s for sp in stage.specs]

@@ -50,7 +50,7 @@ def _latency_arithmetic(node: ast.BinOp) -> bool:
 
 
 def _numeric_quantile(func: ast.Attribute) -> bool:
-    """``np.percentile``, ``series.quantile``, ``df.groupby(...).median`` ...; not ``plan.quantile(tier)``."""
+    """``np.percentile``, ``series.quantile``, ``df.groupby(...).median`` ...; not ``settings.quantile(tier)``."""
     owner = func.value
     return isinstance(owner, (ast.Subscript, ast.Call, ast.Attribute)) or (
         isinstance(owner, ast.Name) and owner.id in NUMERIC_MODULES)

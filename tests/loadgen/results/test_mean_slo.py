@@ -116,7 +116,7 @@ def test_a_certain_breach_of_a_mean_counts_what_is_to_come_as_zero():
     assert breach_certain(np.array([1.0, math.inf]), 100, MEAN_TPOT)  # a failed request: certain
 
 
-def mean_plan(tmp_path, slo: str = "{tpot_ms: {threshold: 50, statistic: mean}}") -> CapacitySettings:
+def mean_settings(tmp_path, slo: str = "{tpot_ms: {threshold: 50, statistic: mean}}") -> CapacitySettings:
     p = tmp_path / "s.yaml"
     p.write_text(f"name: t\nworkload: {{input_len: 8, output_len: 5}}\ntiers: {{standard: {{slo: {slo}}}}}\n"
                  "search: {start: 4, step_duration_s: 20, warmup_s: 2}\n")
@@ -125,11 +125,11 @@ def mean_plan(tmp_path, slo: str = "{tpot_ms: {threshold: 50, statistic: mean}}"
 
 
 def test_the_looks_stop_a_step_at_a_certain_breach_of_its_mean(tmp_path):
-    pl = mean_plan(tmp_path)
-    assert min_samples(pl, "standard") == MEAN_MIN_SAMPLES
+    settings = mean_settings(tmp_path)
+    assert min_samples(settings, "standard") == MEAN_MIN_SAMPLES
     w0, w1 = 2.0, 20.0
     slow = [rec(i, w0 + 0.1 * i, 400.0) for i in range(40)]  # each ~400 ms a token: the mean is far over
-    looks = StepLooks(pl, w0, w1, Counter(standard=100), "bisect")
+    looks = StepLooks(settings, w0, w1, Counter(standard=100), "bisect")
     d = None
     for t in np.arange(w0 + 0.5, w0 + 10, 0.5):
         d = looks.look([r for r in slow if r.scheduled_s < t], t)
@@ -140,9 +140,9 @@ def test_the_looks_stop_a_step_at_a_certain_breach_of_its_mean(tmp_path):
     # a fast window is never passed by confidence (no sequential test of a mean): the cap or a clear pass
     jitter = np.random.default_rng(3).uniform(2.0, 8.0, 300)  # independent: the effective count is the count
     fast = [rec(i, w0 + 0.05 * i, jitter[i]) for i in range(300)]
-    looks = StepLooks(pl, w0, w1, Counter(standard=360), "bisect")
+    looks = StepLooks(settings, w0, w1, Counter(standard=360), "bisect")
     assert all(looks.look([r for r in fast if r.scheduled_s < t], t) is None for t in np.arange(w0 + 0.5, w1, 0.5))
-    reason = clear_pass_reason(pl, fast, w0, 17.0)
+    reason = clear_pass_reason(settings, fast, w0, 17.0)
     assert reason and "quantile or mean" in reason
 
 

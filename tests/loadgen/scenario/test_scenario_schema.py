@@ -133,8 +133,8 @@ def test_the_good_scenario_parses():
     assert s.search.axis == "rate" and s.step.window_s == 8 and s.headroom == 0.2
     slos = s.slos()
     assert slos["basic"] == [] and slos["premium"][0].quantile == 0.99 and slos["standard"][0].quantile == 0.95
-    plan = CapacitySettings.from_scenario(s)
-    assert plan.drain_s == 2.0  # 2 x the largest threshold (0.8 s), at least 2 s
+    settings = CapacitySettings.from_scenario(s)
+    assert settings.drain_s == 2.0  # 2 x the largest threshold (0.8 s), at least 2 s
 
 
 def test_overrides_are_validated_like_the_file(tmp_path):
@@ -198,13 +198,13 @@ def test_shipped_scenarios_load_and_build(path):
     assert specs and all(sp.max_tokens >= 1 for sp in specs)
     if s.search is None:
         return
-    plan = CapacitySettings.from_scenario(s)
-    assert plan.step.step_duration_s <= 30 and plan.search.max_steps <= 14  # a few minutes on 2 cores
-    for load in (plan.search.start, plan.search.start * plan.search.growth ** 3):
-        step = step_specs(s, plan.search.axis, load, 1, 100.0, plan.step.step_duration_s)
+    settings = CapacitySettings.from_scenario(s)
+    assert settings.step.step_duration_s <= 30 and settings.search.max_steps <= 14  # a few minutes on 2 cores
+    for load in (settings.search.start, settings.search.start * settings.search.growth ** 3):
+        step = step_specs(s, settings.search.axis, load, 1, 100.0, settings.step.step_duration_s)
         assert step and all(sp.id.startswith("s1-") for sp in step)
-        if plan.search.axis == "rate":
-            assert all(100.0 <= sp.arrival_s < 100.0 + plan.step.step_duration_s for sp in step)
+        if settings.search.axis == "rate":
+            assert all(100.0 <= sp.arrival_s < 100.0 + settings.step.step_duration_s for sp in step)
         n_in = [sp.prompt_tokens for sp in step if sp.prompt_tokens]
         assert max(n_in) + max(sp.max_tokens for sp in step) <= 8192  # the tiny model's context
 
