@@ -109,7 +109,9 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("plan", "`slobench plan`'s predictions against `slobench capacity`'s measured ratings", (
         Part("plan", "plan_bench.py", "predicted vs measured rated capacity on three scenarios", (),
              ("--scenarios", f"{SCENARIOS}/chat.yaml", "--capacity-set", "search.step_duration_s=3",
-              "--capacity-set", "search.max_duration_s=12", "--capacity-set", "search.warmup_s=1"),
+              "--capacity-set", "search.max_duration_s=12", "--capacity-set", "search.warmup_s=1",
+              "--plan-arg=--load-point-s=4", "--plan-arg=--probe-rounds=2", "--plan-arg=--requests=1000",
+              "--plan-arg=--draws=1"),
              out_flag="--out"),
     )),
     Suite("experiments", "the engine's serving claims, each judged as stated (`slobench experiments`)", (

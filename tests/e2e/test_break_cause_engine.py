@@ -24,27 +24,27 @@ from tests.helpers import slobench
 
 pytestmark = pytest.mark.slow
 
-SEARCH = ("search: {start: 2, growth: 2.0, tolerance: 0.15, step_duration_s: 8, warmup_s: 2, max_duration_s: 120}\n"
+SEARCH = ("search: {start: 2, growth: 2.0, tolerance: 0.2, step_duration_s: 6, warmup_s: 2, max_duration_s: 90}\n"
           "client: {lateness_bound_ms: 100}\n")
 SCENARIOS = {
     "queue": """\
 name: cause-queue
 engine: {model: tiny, max_num_seqs: 2, admission: queue-length}
 workload: {input_len: 32, output_len: 24}
-tiers: {standard: {slo: {ttft_ms: 400}}}
+tiers: {standard: {slo: {ttft_ms: {threshold: 400, quantile: 0.9}}}}
 """,
     "kv": """\
 name: cause-kv
 engine: {model: tiny, max_num_seqs: 32, num_kv_blocks: 14, admission: queue-length, enable_prefix_caching: false}
 workload: {input_len: 64, output_len: 96}
-tiers: {standard: {slo: {ttft_ms: 1500}}}
+tiers: {standard: {slo: {ttft_ms: {threshold: 1500, quantile: 0.9}}}}
 """,
     "prefill_interference": """\
 name: cause-prefill
 engine: {model: tiny, max_num_seqs: 64, enable_chunked_prefill: false, max_num_batched_tokens: 4096,
          admission: queue-length}
 workload: {input_len: {dist: empirical, values: [32, 32, 32, 32, 32, 32, 3072]}, output_len: 48}
-tiers: {standard: {slo: {ttft_ms: 20000, itl_ms: {threshold: 150, quantile: 0.9}}}}
+tiers: {standard: {slo: {ttft_ms: {threshold: 20000, quantile: 0.9}, itl_ms: {threshold: 150, quantile: 0.9}}}}
 """,
 }
 

@@ -16,8 +16,6 @@ pytestmark = pytest.mark.slow
 
 def test_run_against_the_embedded_reference_engine(tmp_path):
     pytest.importorskip("torch")
-    if not (REPO / "engine" / "server.py").exists():
-        pytest.skip("engine/server.py is not there yet")
     scn = tmp_path / "engine.yaml"
     scn.write_text(
         "name: engine-e2e\nseed: 1\nengine: {model: tiny, max_num_seqs: 8}\n"
