@@ -59,7 +59,7 @@ def test_bucketing_keeps_three_significant_digits():
     assert abs(from_locust(105) - 105) / 105 > 0.04
 
 
-def test_plan_matches_slobench_run_and_shards_cover_the_schedule(tmp_path):
+def test_staged_load_matches_slobench_run_and_shards_cover_the_schedule(tmp_path):
     p = scenario(tmp_path, "name: t\nseed: 3\nworkload: {input_len: {dist: uniform, min: 4, max: 20}, output_len: 6}\n"
                            "tiers: {premium: {weight: 1, slo: {ttft_ms: 300}}, basic: {weight: 2}}\n"
                            "load: {arrival: gamma, burstiness: 0.5, rate: 30, requests: 50}\n")
