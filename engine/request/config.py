@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.request.tiers import TIERS, normalize_tier
-
-__all__ = ["EngineConfig", "TIERS", "normalize_tier"]
+from engine.request.tiers import TIERS
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.request.config import normalize_tier
 from engine.request.sampling import SamplingParams
+from engine.request.tiers import normalize_tier
 from engine.server.api_errors import APIError, invalid
 from engine.server.api_fields import bool_field, int_field, token_id_list, type_name, unsupported, wrong_type
 from engine.server.api_sampling import check_unsupported, sampling_fields

@@ -31,7 +31,8 @@ from typing import Any
 from loadgen.capacity import rating
 from loadgen.capacity.cause import break_cause
 from loadgen.capacity.headline import headline, interval_span, verdict_text
-from loadgen.capacity.search import CapacitySearch, SearchOutcome, Step, StepResult
+from loadgen.capacity.search import CapacitySearch
+from loadgen.capacity.search_steps import SearchOutcome, Step, StepResult
 from loadgen.capacity.settings import CapacitySettings
 from loadgen.capacity.step import CapacityRunner
 from loadgen.capacity.steps_csv import write_steps_csv

@@ -51,7 +51,7 @@ import math
 from collections.abc import Callable
 
 from loadgen.capacity.confirm import MAX_REOPENS, confirmation, confirmed, tie_break
-from loadgen.capacity.refine import REFINE_REACH, RefineCentre, refinement
+from loadgen.capacity.refine import RefineCentre, refinement
 from loadgen.capacity.search_steps import (
     ArrivalDraws,
     Proposal,
@@ -65,10 +65,6 @@ from loadgen.capacity.search_steps import (
     on_axis,
 )
 from loadgen.scenario.options import SearchConfig
-
-# the search's names, wherever they are defined: what its callers import from here
-__all__ = ["MAX_REOPENS", "REFINE_REACH", "RETRIES", "CapacitySearch", "SearchOutcome", "Step", "StepResult",
-           "fmt_load"]
 
 RETRIES = 2  # re-measures of a disturbed step
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loadgen.capacity.early_stop import Decision, StepLooks, step_length_s
-from loadgen.capacity.search import StepResult
+from loadgen.capacity.search_steps import StepResult
 from loadgen.capacity.settings import CapacitySettings
 from loadgen.capacity.steady import SteadyState
 from loadgen.capacity.step_stats import StepWindow, step_detail

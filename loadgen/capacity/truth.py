@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from loadgen.capacity import rating
-from loadgen.capacity.search import CapacitySearch, StepResult
+from loadgen.capacity.search import CapacitySearch
+from loadgen.capacity.search_steps import StepResult
 from loadgen.capacity.settings import CapacitySettings
 from loadgen.results.latency import quantile
 from loadgen.results.sequential import clusters

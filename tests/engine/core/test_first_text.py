@@ -21,11 +21,11 @@ from engine.core.admission import AdmissionEstimator, QueueSnapshot
 from engine.core.output_processor import OutputProcessor
 from engine.model.tokenizer import ByteTokenizer
 from engine.request.admission_constants import IDLE_FORGET_S, TAIL_FACTOR_BOUNDS
-from engine.request.config import TIERS
 from engine.request.errors import SLOUnattainableError
 from engine.request.outputs import Timing
 from engine.request.sampling import SamplingParams as Params
 from engine.request.sequence import Sequence
+from engine.request.tiers import TIERS
 from engine.server.api_responses import front_end_ms, timing_dict
 
 EURO = [0xE2, 0x82, 0xAC]  # "€"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadgen.capacity.search import CapacitySearch, StepResult
+from loadgen.capacity.search import CapacitySearch
+from loadgen.capacity.search_steps import StepResult
 from loadgen.scenario.options import SearchConfig
 from loadgen.scenario.parse import load_scenario
 from loadgen.scenario.steps import arrival_seed, step_specs
@@ -203,7 +204,7 @@ def test_refine_windows_come_after_the_confirmed_bracket_and_move_neither_it_nor
 def test_refine_windows_go_to_the_estimate_kept_near_the_bracket(estimate, where):
     """``refine_centre`` (the rating's estimate so far) places them; one far off is kept within x/÷ 1.25 of
     the bracket's ends, and without one they sit at its centre."""
-    from loadgen.capacity.search import REFINE_REACH
+    from loadgen.capacity.refine import REFINE_REACH
 
     seen = []
 

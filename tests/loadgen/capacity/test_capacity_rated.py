@@ -9,7 +9,8 @@ import json
 import pytest
 
 from loadgen.capacity.run import build_summary, disturbance, offered_rate, over_budget, rate_interval
-from loadgen.capacity.search import CapacitySearch, StepResult
+from loadgen.capacity.search import CapacitySearch
+from loadgen.capacity.search_steps import StepResult
 from loadgen.capacity.settings import CapacitySettings
 from loadgen.scenario.parse import load_scenario
 from tests.helpers import slobench

@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.capacity.search import CapacitySearch, StepResult
+from loadgen.capacity.search import CapacitySearch
+from loadgen.capacity.search_steps import StepResult
 from loadgen.results.latency import quantile
 from loadgen.results.slo import SLO, bootstrap_ci, breach_certain, judge
 from loadgen.scenario.options import SearchConfig

@@ -9,7 +9,8 @@ import math
 import pytest
 
 from loadgen.capacity.run import deciding_steps
-from loadgen.capacity.search import CapacitySearch, StepResult
+from loadgen.capacity.search import CapacitySearch
+from loadgen.capacity.search_steps import StepResult
 from loadgen.capacity.step_stats import scraped_step_metrics
 from loadgen.results.latency import breakdown, slo_value
 from loadgen.results.records import RequestRecord
