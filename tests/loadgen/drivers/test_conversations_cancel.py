@@ -38,11 +38,20 @@ def reply_text(n: int, k: int) -> list[str]:
     return [f"r{n}w{i} " for i in range(k)]
 
 
-async def start_server(bodies: list[dict]) -> tuple[web.AppRunner, str]:
+async def start_server(bodies: list[dict], ended: list[int]) -> tuple[web.AppRunner, str]:
+    """A streaming server that logs each body, marking those whose client left mid-stream; ``ended[0]`` counts the
+    handlers that have returned."""
+
     async def models(_):
         return web.json_response({"data": [{"id": "m"}]})
 
     async def complete(request: web.Request):
+        try:
+            return await answer(request)
+        finally:
+            ended[0] += 1
+
+    async def answer(request: web.Request):
         body = await request.json()
         n = len(bodies)
         bodies.append(body)
@@ -93,9 +102,10 @@ def conversation_specs(n_conv: int, turns: int = 3, think: float = 0.2, chat: bo
 
 def run_driver(specs, workers: int = 1):
     bodies: list[dict] = []
+    ended = [0]
 
     async def main():
-        runner, url = await start_server(bodies)
+        runner, url = await start_server(bodies, ended)
         sink = Sink()
         cfg = ClientConfig(target=url, model="m", shape=RequestShape(include_usage=False))
         drv = Replayer(cfg, sink) if workers == 1 else ShardedReplayer(cfg, sink, workers)
@@ -104,6 +114,12 @@ def run_driver(specs, workers: int = 1):
             await drv.run(specs, t0=asyncio.get_running_loop().time() * 0 + _now() + 0.3, stage=0)
         finally:
             await drv.close()
+            # the server notices a client that left at its next write: let every handler see it before cleanup
+            # (which would cancel them unmarked)
+            for _ in range(300):
+                if ended[0] >= len(bodies):
+                    break
+                await asyncio.sleep(0.01)
             await runner.cleanup()
         return sink
 
